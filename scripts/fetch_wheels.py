@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Fetch real release wheels from PyPI (cached) and unpack them into site directories.
+
+A wheel unpacked is an installed distribution: the files plus a dist-info with RECORD.
+That is what the patch tests run against, and what a user can try sm120kit on without
+a GPU node:
+
+    python scripts/fetch_wheels.py sglang 0.5.10 --site ./site       # the whole wheel
+    python scripts/fetch_wheels.py sglang --window                    # prefetch 0.5.9-0.5.23
+
+The cache is $SM120KIT_WHEEL_CACHE, else ~/.cache/sm120kit/wheels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import fnmatch
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+# Every sglang release the patch engine is proven on, post-releases included.
+SGLANG_WINDOW = (
+    "0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13",
+    "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18",
+    "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
+)  # fmt: skip
+
+# The releases from 0.5.12 on are cp311 manylinux wheels; the .py sources are the same
+# on every platform, so one tag set serves any machine that runs the tests.
+PLATFORM = [
+    "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
+    "--abi", "cp311", "--platform", "manylinux_2_34_x86_64", "--platform", "any",
+]  # fmt: skip
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("SM120KIT_WHEEL_CACHE") or Path.home() / ".cache" / "sm120kit" / "wheels")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _cached(package: str, version: str) -> Path | None:
+    stem = package.replace("-", "_")
+    hits = sorted(cache_dir().glob(f"{stem}-{version}-*.whl"))
+    return hits[0] if hits else None
+
+
+def fetch(package: str, version: str) -> Path:
+    """The wheel of package==version, downloaded once (pip download --no-deps)."""
+    if hit := _cached(package, version):
+        return hit
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", *PLATFORM,
+           f"{package}=={version}", "-d", str(cache_dir())]  # fmt: skip
+    subprocess.run(cmd, check=True, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    if hit := _cached(package, version):
+        return hit
+    raise FileNotFoundError(f"pip download gave no wheel for {package}=={version}")
+
+
+def unpack(wheel: Path, site: Path, members: list[str] | None = None) -> Path:
+    """Extract the dist-info and the files matching `members` (fnmatch globs; all files
+    when None) into `site`. Returns the dist-info directory."""
+    site.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        dist_info = next(n.split("/", 1)[0] for n in names if n.split("/", 1)[0].endswith(".dist-info"))
+        for name in names:
+            if name.endswith("/"):
+                continue
+            if name.startswith(dist_info + "/") or members is None or any(fnmatch.fnmatch(name, g) for g in members):
+                zf.extract(name, site)
+    return site / dist_info
+
+
+def uninstall(site: Path, package: str) -> None:
+    """What `pip uninstall` does: remove the files RECORD lists, then the dist-info.
+    Anything else in site-packages (such as sm120kit's ledger) stays."""
+    stem = package.replace("-", "_")
+    for dist_info in site.glob(f"{stem}-*.dist-info"):
+        for row in csv.reader((dist_info / "RECORD").read_text().splitlines()):
+            if row and not row[0].startswith(dist_info.name):
+                (site / row[0]).unlink(missing_ok=True)
+        shutil.rmtree(dist_info)
+
+
+def install(site: Path, package: str, version: str, members: list[str] | None = None) -> Path:
+    """Install (or upgrade to) package==version in `site` the way pip would."""
+    uninstall(site, package)
+    return unpack(fetch(package, version), site, members)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("package", help="e.g. sglang")
+    parser.add_argument("versions", nargs="*", help="releases to fetch")
+    parser.add_argument("--window", action="store_true", help="every sglang release sm120kit is proven on")
+    parser.add_argument("--site", type=Path, help="also install (unpack) the single release into this site dir")
+    parser.add_argument("--member", action="append", help="unpack only files matching this glob (repeatable)")
+    args = parser.parse_args()
+    versions = list(args.versions) + (list(SGLANG_WINDOW) if args.window else [])
+    if not versions:
+        parser.error("name at least one version, or --window")
+    if args.site and len(versions) != 1:
+        parser.error("--site takes exactly one version")
+    for version in versions:
+        wheel = fetch(args.package, version)
+        print(wheel)
+        if args.site:
+            dist_info = install(args.site, args.package, version, args.member)
+            print(f"installed {dist_info.name} into {args.site}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from sm120kit.cli import main
+
+sys.exit(main())

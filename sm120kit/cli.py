@@ -1,0 +1,205 @@
+"""The command line. Thin: parse, call the engine, render. Heavy imports happen inside
+the command functions so that `sm120kit --help` stays fast.
+
+Exit codes (like Black): 0 nothing wrong; 1 something would change or is missing
+(check mode, status); 2 an error: anchor-missing, foreign-edit, bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sm120kit import __version__
+
+EPILOG = """\
+after every `pip install -U sglang`:   sm120kit patch --verify
+read-only, for CI and Dockerfiles:     sm120kit patch --check
+exit codes: 0 ok, 1 something would change (check mode, status), 2 error"""
+
+
+def _target_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("target environment (default: this interpreter)")
+    group.add_argument("--python", metavar="EXE", help="the python of the environment to patch (sm120kit need not be installed there)")
+    group.add_argument("--site", metavar="DIR", help="a site-packages directory, e.g. an unpacked image layer")
+
+
+def _patch_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--patch-dir", action="append", metavar="DIR", help="also load patches from DIR (before the shipped ones; repeatable; or $SM120KIT_PATCH_PATH)")
+    parser.add_argument("--only", action="append", metavar="ID", help="just this patch (repeatable)")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print a JSON document instead of a table")
+    parser.add_argument("--debug", action="store_true", help="print tracebacks and full details")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sm120kit",
+        description="Patch and launch sglang on SM120 nodes (RTX PRO 6000 Blackwell, RTX 5090).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"sm120kit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("patches", help="list the known patches: id, releases, upstream fix")
+    p.add_argument("--patch-dir", action="append", metavar="DIR", help="also list patches from DIR")
+    _common(p)
+    p.set_defaults(func=cmd_patches)
+
+    p = sub.add_parser("status", help="one row per patch: installed version, outcome, upstream fix")
+    _target_args(p)
+    _patch_args(p)
+    _common(p)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("patch", help="apply the patches that the installed releases need")
+    _target_args(p)
+    _patch_args(p)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="write nothing; exit 1 if anything would change")
+    mode.add_argument("--diff", action="store_true", help="write nothing; print the unified diff that would be written")
+    mode.add_argument("--verify", action="store_true", help="apply, then prove from disk that every patch is in place")
+    p.add_argument("--force", action="store_true", help="patch files that someone else edited")
+    _common(p)
+    p.set_defaults(func=cmd_patch)
+
+    p = sub.add_parser("unpatch", help="restore the vendor's bytes, proven against the wheel's RECORD")
+    _target_args(p)
+    _patch_args(p)
+    p.add_argument("--dry-run", action="store_true", help="say what would be restored, write nothing")
+    p.add_argument("--force", action="store_true", help="restore the originals even over later edits")
+    _common(p)
+    p.set_defaults(func=cmd_unpatch)
+    return parser
+
+
+def _load(args, selected: bool = True):
+    from sm120kit.patching.registry import load_patches, select
+    from sm120kit.target import resolve_target
+
+    patches = load_patches(args.patch_dir)
+    chosen = select(patches, args.only)
+    return resolve_target(args.python, args.site), chosen if selected else patches
+
+
+def cmd_patches(args) -> int:
+    from sm120kit import report
+    from sm120kit.patching.registry import load_patches, shipped_dir
+
+    text, docs = report.patch_listing(load_patches(args.patch_dir), str(shipped_dir()))
+    report.emit_json({"patches": docs}) if args.json else print(text)
+    return 0
+
+
+def cmd_status(args) -> int:
+    from sm120kit import report
+    from sm120kit.patching import engine
+
+    target, patches = _load(args)
+    plan = engine.plan(target, patches)
+    code = plan.exit_code(check=True)
+    if args.json:
+        report.emit_json(report.plan_json("status", plan, code))
+        return code
+    print(f"target: {target.description}")
+    for message in report.lost_messages(plan):
+        print(message)
+    print(report.findings_table(plan.findings, args.debug))
+    return code
+
+
+def cmd_patch(args) -> int:
+    from sm120kit import report
+    from sm120kit.patching import engine
+
+    target, patches = _load(args)
+    if args.check or args.diff:
+        plan = engine.plan(target, patches, force=args.force)
+        code = plan.exit_code(check=args.check)
+        diffs = [c.diff() for c in plan.changes] if args.diff else []
+        if args.json:
+            report.emit_json(report.plan_json("patch", plan, code, {"mode": "diff" if args.diff else "check", "diffs": diffs}))
+            return code
+        if args.diff:
+            sys.stdout.write("".join(diffs))
+            for f in plan.errors:
+                print(f"error: {f.patch.id}: {f.outcome.value}: {f.detail}", file=sys.stderr)
+            return code
+    else:
+        plan = engine.apply(target, patches, force=args.force)
+        code = plan.exit_code(check=False)
+    problems = engine.verify(target, patches) if args.verify and code == 0 else []
+    if problems:
+        code = 2
+    if args.json:
+        mode = "verify" if args.verify else "check" if args.check else "apply"
+        report.emit_json(report.plan_json("patch", plan, code, {"mode": mode, "verify_problems": problems}))
+        return code
+    print(f"target: {target.description}")
+    for message in report.lost_messages(plan):
+        print(message)
+    print(report.findings_table(plan.findings, args.debug))
+    print(report.summary(plan.findings) + ("" if not plan.errors else "; nothing was written"))
+    if args.check and code == 1:
+        print("would change: run `sm120kit patch` to apply")
+    if args.verify:
+        if problems:
+            print("verify FAILED:\n  " + "\n  ".join(problems), file=sys.stderr)
+        elif code == 0:
+            print("verified: every patch is in place, fixed upstream or not applicable, and matches the ledger")
+    return code
+
+
+def cmd_unpatch(args) -> int:
+    from sm120kit import report
+    from sm120kit.patching import engine
+
+    target, patches = _load(args, selected=False)
+    only = set(args.only) if args.only else None
+    rows = engine.unpatch(target, patches, only, force=args.force, dry_run=args.dry_run)
+    code = 2 if any(r.is_error for r in rows) else 0
+    if args.json:
+        report.emit_json({"command": "unpatch", "target": target.as_json(), "results": [r.as_json() for r in rows], "exit_code": code})
+        return code
+    print(f"target: {target.description}")
+    if not rows:
+        print("nothing to restore: no file carries an sm120kit patch")
+        return code
+    print(report.restore_table(rows))
+    if code:
+        print("nothing was written", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    from sm120kit.errors import UserError
+
+    try:
+        return args.func(args)
+    except UserError as exc:
+        if args.json:
+            import json
+
+            print(json.dumps({"error": exc.message, "hint": exc.hint, "exit_code": 2}))
+        print(f"sm120kit: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("sm120kit: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: say so plainly; the traceback is for --debug
+        if args.debug:
+            raise
+        print(f"sm120kit: internal error: {type(exc).__name__}: {exc}\n  rerun with --debug for the traceback and report it", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,2 @@
+"""The patch engine: declared patches (spec), discovery (registry), state (ledger), and
+plan / apply / verify / revert (engine)."""

@@ -1,0 +1,551 @@
+"""Plan, apply, verify and revert patches on a target environment.
+
+The engine never knows what a patch does. It reads each target file once, runs the
+transforms that cover the installed version, and decides from the results, the wheel's
+RECORD and the ledger what each (patch, file) is: applied, already-applied, would-apply,
+fixed-upstream, not-applicable, anchor-missing, foreign-edit or failed.
+
+A run that writes is one transaction: every new file is computed and self-checked first
+(second pass changes nothing, the marker is present, the file compiles); if anything is an
+error nothing is written; if a write fails, the files already written are put back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import traceback
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sm120kit.errors import UserError
+from sm120kit.patching.ledger import FileEntry, Ledger, sha256, write_atomic
+from sm120kit.patching.spec import (
+    AlreadyApplied,
+    AnchorMissing,
+    FixedUpstream,
+    Outcome,
+    Patch,
+    Rewrite,
+    Rewritten,
+)
+from sm120kit.target import Distribution, Target
+
+
+@dataclass
+class Finding:
+    patch: Patch
+    outcome: Outcome
+    detail: str = ""
+    version: str | None = None
+    path: str | None = None
+
+    def as_json(self) -> dict:
+        return {
+            "patch": self.patch.id,
+            "package": self.patch.package,
+            "version": self.version,
+            "path": self.path,
+            "outcome": self.outcome.value,
+            "detail": self.detail,
+            "fixed_in": self.patch.fixed_in,
+        }
+
+
+@dataclass
+class Lost:
+    """A patch recorded in the ledger whose file now holds vendor bytes again."""
+
+    package: str
+    old_version: str
+    new_version: str
+    patch_id: str
+
+
+@dataclass
+class FileChange:
+    dist: Distribution
+    relpath: str
+    before: bytes
+    after: bytes
+    vendor_sha256: str  # what `unpatch` must give back
+    needs_backup: bool  # `before` is the original, not yet in the backups
+    rewrites: list[tuple[Patch, Rewrite]]
+
+    @property
+    def abspath(self) -> Path:
+        return self.dist.file(self.relpath)
+
+    def diff(self) -> str:
+        label = self.relpath
+        return "".join(
+            difflib.unified_diff(
+                self.before.decode("utf-8", "replace").splitlines(keepends=True),
+                self.after.decode("utf-8", "replace").splitlines(keepends=True),
+                f"a/{label}",
+                f"b/{label}",
+            )
+        )
+
+
+@dataclass
+class Plan:
+    target: Target
+    findings: list[Finding] = field(default_factory=list)
+    changes: list[FileChange] = field(default_factory=list)
+    lost: list[Lost] = field(default_factory=list)
+    ledgers: dict[Path, Ledger] = field(default_factory=dict)
+    drop: list[tuple[Ledger, str]] = field(default_factory=list)  # entries now describing vendor bytes
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.outcome.is_error]
+
+    def exit_code(self, check: bool) -> int:
+        if self.errors:
+            return 2
+        if check and any(f.outcome is Outcome.WOULD_APPLY for f in self.findings):
+            return 1
+        return 0
+
+
+# -- transforming source (pure: bytes in, bytes and findings out) ----------------------
+
+
+def _transform(
+    source: bytes, items: list[tuple[Patch, Rewrite]], version: str, relpath: str
+) -> tuple[bytes, list[Finding]]:
+    import libcst as cst
+
+    def finding(patch: Patch, outcome: Outcome, detail: str = "") -> Finding:
+        return Finding(patch, outcome, detail, version, relpath)
+
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        reason = f"{relpath} does not parse ({str(exc).splitlines()[0]})"
+        return source, [finding(p, Outcome.ANCHOR_MISSING, reason) for p, _ in items]
+
+    findings = []
+    for patch, rewrite in items:
+        try:
+            result = rewrite.transform(module, patch.context())
+        except Exception as exc:  # a patch bug must not take the run down: report it
+            findings.append(finding(patch, Outcome.FAILED, f"transform raised {exc!r}\n{traceback.format_exc()}"))
+            continue
+        if isinstance(result, Rewritten):
+            module = result.module
+            findings.append(finding(patch, Outcome.WOULD_APPLY))
+        elif isinstance(result, AlreadyApplied):
+            findings.append(finding(patch, Outcome.ALREADY_APPLIED))
+        elif isinstance(result, FixedUpstream):
+            findings.append(finding(patch, Outcome.FIXED_UPSTREAM, _fixed_detail(patch, result.reason)))
+        elif isinstance(result, AnchorMissing):
+            findings.append(finding(patch, Outcome.ANCHOR_MISSING, result.reason))
+        else:
+            findings.append(finding(patch, Outcome.FAILED, f"transform returned {result!r}"))
+    after = module.bytes
+    if after != source:
+        _self_check(after, items, findings, relpath)
+    return after, findings
+
+
+def _self_check(after: bytes, items, findings: list[Finding], relpath: str) -> None:
+    """Black's assert_stable, for patches: the result parses, compiles, carries each
+    marker, and a second pass of every transform that rewrote it changes nothing."""
+    import libcst as cst
+
+    text = after.decode("utf-8", "replace")
+    try:
+        compile(after, relpath, "exec", dont_inherit=True)
+        module = cst.parse_module(after)
+    except (SyntaxError, ValueError, cst.ParserSyntaxError) as exc:
+        for f in findings:
+            if f.outcome is Outcome.WOULD_APPLY:
+                f.outcome, f.detail = Outcome.FAILED, f"the rewritten file does not compile: {exc}"
+        return
+    for (patch, rewrite), f in zip(items, findings):
+        if f.outcome is not Outcome.WOULD_APPLY:
+            continue
+        if patch.context().marker not in text:
+            f.outcome, f.detail = Outcome.FAILED, "the transform did not leave its marker comment"
+        elif not isinstance(rewrite.transform(module, patch.context()), AlreadyApplied):
+            f.outcome, f.detail = Outcome.FAILED, "unstable: a second pass would change the code again"
+
+
+def _fixed_detail(patch: Patch, reason: str) -> str:
+    return f"fixed upstream in {patch.fixed_in}: {reason}" if patch.fixed_in else reason
+
+
+# -- planning --------------------------------------------------------------------------
+
+
+def plan(target: Target, patches: list[Patch], force: bool = False) -> Plan:
+    """What each patch is on the target, and the new bytes of each file to change."""
+    result = Plan(target)
+    by_package: dict[str, list[Patch]] = defaultdict(list)
+    for patch in patches:
+        by_package[patch.package].append(patch)
+
+    installed = 0
+    for package, group in by_package.items():
+        dist = target.find(package)
+        if dist is None:
+            result.findings += [Finding(p, Outcome.NOT_APPLICABLE, f"{package} is not installed") for p in group]
+            continue
+        installed += 1
+        ledger = result.ledgers.setdefault(dist.site, Ledger.load(dist.site))
+        per_file: dict[str, list[tuple[Patch, Rewrite]]] = defaultdict(list)
+        for patch in group:
+            rewrites = patch.rewrites_for(dist.version)
+            for rewrite in rewrites:
+                per_file[rewrite.path].append((patch, rewrite))
+            if not rewrites:
+                outcome, detail = _outside_window(patch, dist)
+                result.findings.append(Finding(patch, outcome, detail, dist.version))
+        for relpath, items in per_file.items():
+            _plan_file(result, dist, ledger, relpath, items, force)
+        _plan_untargeted_entries(result, dist, ledger, set(per_file), patches)
+
+    if patches and not installed:
+        names = ", ".join(sorted(by_package))
+        raise UserError(
+            f"{names} is not installed in {target.description}: nothing to do",
+            "point sm120kit at the serving environment with --python /path/to/venv/bin/python or --site DIR",
+        )
+    return result
+
+
+def _outside_window(patch: Patch, dist: Distribution) -> tuple[Outcome, str]:
+    if patch.is_fixed_in(dist.version):
+        return Outcome.FIXED_UPSTREAM, f"fixed upstream in {patch.fixed_in} (by version; beyond the releases it was proven on)"
+    windows = "; ".join(sorted({r.versions for r in patch.rewrites}))
+    return Outcome.NOT_APPLICABLE, f"{dist.name} {dist.version} is outside {windows}"
+
+
+def _file_state(dist: Distribution, entry: FileEntry | None, relpath: str, digest: str) -> str:
+    """pristine: the vendor's bytes; ours: what we last wrote; foreign: neither."""
+    if entry and digest == entry.patched_sha256:
+        return "ours"
+    recorded = dist.record.get(relpath)
+    if recorded is not None:
+        return "pristine" if digest == recorded else "foreign"
+    # No RECORD hash (editable source tree): the bytes we first saw are the baseline.
+    return "pristine" if entry is None or digest == entry.vendor_sha256 else "foreign"
+
+
+def _plan_file(plan_: Plan, dist: Distribution, ledger: Ledger, relpath: str, items, force: bool) -> None:
+    path = dist.file(relpath)
+    try:
+        before = path.read_bytes()
+    except FileNotFoundError:
+        reason = f"{relpath} is absent from {dist.name} {dist.version} ({path})"
+        plan_.findings += [Finding(p, Outcome.ANCHOR_MISSING, reason, dist.version, relpath) for p, _ in items]
+        return
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}", "run as a user that can read the environment") from None
+
+    key = dist.key(relpath)
+    entry = ledger.files.get(key)
+    digest = sha256(before)
+    state = _file_state(dist, entry, relpath, digest)
+    after, findings = _transform(before, items, dist.version, relpath)
+    plan_.findings += findings
+
+    if entry and state == "pristine":  # an upgrade or reinstall put the vendor's bytes back
+        plan_.lost += [Lost(dist.name, entry.version, dist.version, pid) for pid in entry.patches]
+        plan_.drop.append((ledger, key))
+
+    if state == "foreign":
+        _judge_foreign(findings, entry, relpath, force)
+    if after == before or any(f.outcome.is_error for f in findings):
+        return
+    plan_.changes.append(
+        FileChange(
+            dist,
+            relpath,
+            before,
+            after,
+            vendor_sha256=entry.vendor_sha256 if state == "ours" else digest,
+            needs_backup=state != "ours",
+            rewrites=items,
+        )
+    )
+
+
+def _judge_foreign(findings: list[Finding], entry: FileEntry | None, relpath: str, force: bool) -> None:
+    would_change = [f for f in findings if f.outcome is Outcome.WOULD_APPLY]
+    if not would_change:
+        note = (
+            "marker found, but no ledger entry: the state was lost, so `unpatch` needs a reinstall"
+            if entry is None
+            else f"{relpath} was edited outside sm120kit after it was patched"
+        )
+        for f in findings:
+            if f.outcome is Outcome.ALREADY_APPLIED:
+                f.detail = note
+        return
+    for f in would_change:
+        if force:
+            f.detail = "over a foreign edit (--force): unpatch restores the edited bytes"
+        else:
+            f.outcome = Outcome.FOREIGN_EDIT
+            f.detail = (
+                f"{relpath} matches neither the wheel's RECORD nor sm120kit's last write: "
+                "someone else edited it; reinstall the package or pass --force"
+            )
+
+
+def _plan_untargeted_entries(plan_: Plan, dist: Distribution, ledger: Ledger, targeted: set[str], patches) -> None:
+    """Ledger entries for files that no rewrite covers any more (the upgrade moved or
+    fixed the code): when the file is back to vendor bytes, the patch was lost."""
+    for key, entry in list(ledger.files.items()):
+        if entry.package != dist.name or entry.path in targeted:
+            continue
+        path = dist.file(entry.path)
+        current = sha256(path.read_bytes()) if path.exists() else None
+        if current == entry.patched_sha256:
+            continue
+        plan_.lost += [Lost(dist.name, entry.version, dist.version, pid) for pid in entry.patches]
+        plan_.drop.append((ledger, key))
+
+
+# -- writing ---------------------------------------------------------------------------
+
+
+def _check_writable(paths: list[Path]) -> None:
+    """Refuse before writing anything. A file without write bits was made read-only on
+    purpose (an image layer, a pinned install): honour that even when running as root."""
+    blocked = [p for p in paths if not (p.stat().st_mode & 0o222) or not os.access(p.parent, os.W_OK)]
+    if blocked:
+        listing = ", ".join(f"{p} (mode {p.stat().st_mode & 0o777:04o})" for p in blocked)
+        raise UserError(
+            f"read-only: {listing}; nothing was changed",
+            "make the files writable (chmod u+w) or patch where the environment is built",
+        )
+
+
+def _clear_pycache(path: Path) -> None:
+    cache = path.parent / "__pycache__"
+    for pyc in cache.glob(f"{path.stem}.*.pyc"):
+        with contextlib.suppress(OSError):
+            pyc.unlink()
+
+
+def _write_all(writes: list[tuple[Path, bytes, bytes]]) -> None:
+    """(path, old bytes, new bytes) for each file: all are written, or none stays written."""
+    done: list[tuple[Path, bytes]] = []
+    try:
+        for path, old, new in writes:
+            write_atomic(path, new)
+            done.append((path, old))
+            if path.read_bytes() != new:
+                raise OSError(f"{path} does not read back as written")
+    except BaseException as exc:
+        for path, old in reversed(done):
+            write_atomic(path, old)
+        if isinstance(exc, OSError):
+            raise UserError(
+                f"writing {len(writes)} file(s) failed at {path} ({exc}); "
+                f"rolled back {len(done)} written file(s): nothing was changed",
+                "fix the cause and run the command again",
+            ) from None
+        raise
+    for path, _, _ in writes:
+        _clear_pycache(path)
+
+
+def _locked(sites: set[Path]) -> contextlib.ExitStack:
+    stack = contextlib.ExitStack()
+    for site in sorted(sites):
+        stack.enter_context(Ledger(site).locked())
+    return stack
+
+
+def apply(target: Target, patches: list[Patch], force: bool = False) -> Plan:
+    """Plan under the lock; if nothing is an error, write every change as one transaction,
+    prove it from disk, and record it in the ledger. Returns the plan, with the written
+    findings turned from would-apply into applied."""
+    sites = {d.site for p in patches if (d := target.find(p.package))}
+    with _locked(sites):
+        result = plan(target, patches, force)
+        if result.errors:
+            return result
+        _check_writable([c.abspath for c in result.changes])
+        for change in result.changes:
+            if change.needs_backup:
+                result.ledgers[change.dist.site].store_backup(change.before)
+        _write_all([(c.abspath, c.before, c.after) for c in result.changes])
+        for ledger, key in result.drop:
+            ledger.files.pop(key, None)
+        for change in result.changes:
+            _record(result, change)
+        if result.changes or result.drop:
+            for ledger in result.ledgers.values():
+                ledger.save()
+    for f in result.findings:
+        if f.outcome is Outcome.WOULD_APPLY:
+            f.outcome = Outcome.APPLIED
+    return result
+
+
+def _record(result: Plan, change: FileChange) -> None:
+    ledger = result.ledgers[change.dist.site]
+    in_place = {
+        f.patch.id: f.patch.revision
+        for f in result.findings
+        if f.path == change.relpath
+        and f.patch.package == change.dist.name
+        and f.outcome in (Outcome.WOULD_APPLY, Outcome.ALREADY_APPLIED)
+    }
+    ledger.record(
+        change.dist.key(change.relpath),
+        FileEntry(
+            package=change.dist.name,
+            version=change.dist.version,
+            path=change.relpath,
+            vendor_sha256=change.vendor_sha256,
+            patched_sha256=sha256(change.after),
+            patches=in_place,
+        ),
+    )
+
+
+def verify(target: Target, patches: list[Patch]) -> list[str]:
+    """Re-read everything from disk: every patch must be in place, fixed upstream or not
+    applicable, and every ledger entry must match the bytes on disk. Returns problems."""
+    result = plan(target, patches)
+    problems = [
+        f"{f.patch.id}: {f.outcome.value} {f.detail}".rstrip()
+        for f in result.findings
+        if f.outcome.is_error or f.outcome is Outcome.WOULD_APPLY
+    ]
+    for ledger in result.ledgers.values():
+        for key, entry in ledger.files.items():
+            dist = target.find(entry.package)
+            path = dist.file(entry.path) if dist else None
+            if path is None or not path.exists() or sha256(path.read_bytes()) != entry.patched_sha256:
+                problems.append(f"{key}: the bytes on disk are not the ones sm120kit recorded")
+    return problems
+
+
+# -- reverting -------------------------------------------------------------------------
+
+
+@dataclass
+class Restore:
+    package: str
+    version: str
+    path: str
+    patch_ids: list[str]
+    outcome: str  # restored | would-restore | pristine | foreign-edit | no-backup
+    detail: str = ""
+
+    @property
+    def is_error(self) -> bool:
+        return self.outcome in ("foreign-edit", "no-backup")
+
+    def as_json(self) -> dict:
+        return {k: getattr(self, k) for k in ("package", "version", "path", "patch_ids", "outcome", "detail")}
+
+
+def unpatch(
+    target: Target, patches: list[Patch], only: set[str] | None = None, force: bool = False, dry_run: bool = False
+) -> list[Restore]:
+    """Give back the vendor's bytes for every file that carries one of the patches in
+    `only` (all when None); other patches on the same file are re-applied to the original.
+    Proven against RECORD (or, for an editable install, the bytes seen before patching)."""
+    wanted = only if only is not None else {p.id for p in patches}
+    by_id = {p.id: p for p in patches}
+    sites = {d.site for p in patches if p.id in wanted and (d := target.find(p.package))}
+    rows: list[Restore] = []
+    with contextlib.ExitStack() as stack:
+        if not dry_run:
+            stack.enter_context(_locked(sites))
+        ledgers = {s: Ledger.load(s) for s in sorted(sites)}
+        writes: list[tuple[Path, bytes, bytes]] = []
+        updates: list[tuple[Ledger, str, FileEntry | None]] = []
+        for ledger in ledgers.values():
+            for key, entry in ledger.files.items():
+                ids = sorted(set(entry.patches) & wanted)
+                if ids:
+                    _plan_restore(target, ledger, key, entry, ids, by_id, force, rows, writes, updates)
+        rows += _unrecorded(target, [p for p in patches if p.id in wanted], ledgers)
+        if dry_run or any(r.is_error for r in rows):
+            return rows
+        _check_writable([w[0] for w in writes])
+        _write_all(writes)
+        for ledger, key, entry in updates:
+            if entry is None:
+                ledger.files.pop(key, None)
+            else:
+                ledger.files[key] = entry
+        for ledger in ledgers.values():
+            ledger.save()
+    for row in rows:
+        if row.outcome == "would-restore":
+            row.outcome = "restored"
+    return rows
+
+
+def _plan_restore(target, ledger, key, entry, ids, by_id, force, rows, writes, updates) -> None:
+    dist = target.find(entry.package)
+    row = Restore(entry.package, dist.version if dist else "-", entry.path, ids, "would-restore")
+    rows.append(row)
+    path = dist.file(entry.path) if dist else None
+    current = path.read_bytes() if path and path.exists() else None
+    recorded = dist.record.get(entry.path) if dist else None
+    digest = sha256(current) if current is not None else None
+    if digest is None or digest in (recorded, entry.vendor_sha256):
+        row.outcome, row.detail = "pristine", "already the vendor's bytes (reinstalled or upgraded)"
+        updates.append((ledger, key, None))
+        return
+    if digest != entry.patched_sha256 and not force:
+        row.outcome = "foreign-edit"
+        row.detail = f"{entry.path} changed since sm120kit wrote it; pass --force to restore the original anyway"
+        return
+    original = ledger.backup(entry.vendor_sha256)
+    if original is None:
+        row.outcome = "no-backup"
+        row.detail = f"the backup {entry.vendor_sha256[:12]} is missing or damaged; reinstall: pip install --force-reinstall --no-deps {entry.package}=={entry.version}"
+        return
+    others = [i for i in entry.patches if i not in ids]
+    if unknown := [i for i in others if i not in by_id]:
+        row.outcome = "no-backup"
+        row.detail = f"{entry.path} also carries {', '.join(unknown)}, which is not loaded: pass its --patch-dir"
+        return
+    keep = [(by_id[i], r) for i in others for r in by_id[i].rewrites_for(entry.version) if r.path == entry.path]
+    new = original
+    if keep:
+        new, _ = _transform(original, keep, entry.version, entry.path)
+    writes.append((path, current, new))
+    if new == original:
+        updates.append((ledger, key, None))
+        proof = recorded or entry.vendor_sha256
+        row.detail = "matches the wheel's RECORD" if sha256(new) == recorded else (
+            "matches the bytes recorded before patching" if sha256(new) == proof else "restored the pre-patch bytes (they differ from RECORD)"
+        )
+    else:
+        remaining = {p.id: p.revision for p, _ in keep}
+        updates.append((ledger, key, FileEntry(entry.package, entry.version, entry.path, entry.vendor_sha256, sha256(new), remaining, entry.patched_at)))
+        row.detail = f"re-applied on the original: {', '.join(remaining)}"
+
+
+def _unrecorded(target: Target, patches: list[Patch], ledgers: dict[Path, Ledger]) -> list[Restore]:
+    """Applied code with no ledger entry (the state was lost): nothing to restore from."""
+    rows = []
+    for f in plan(target, patches).findings:
+        if f.outcome is not Outcome.ALREADY_APPLIED or f.path is None:
+            continue
+        dist = target.find(f.patch.package)
+        if dist.key(f.path) in ledgers.get(dist.site, Ledger(dist.site)).files:
+            continue
+        rows.append(
+            Restore(
+                dist.name, dist.version, f.path, [f.patch.id], "no-backup",
+                f"patched code without a ledger entry; reinstall: pip install --force-reinstall --no-deps {dist.name}=={dist.version}",
+            )
+        )
+    return rows

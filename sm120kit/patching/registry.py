@@ -1,0 +1,88 @@
+"""Finds the patches: the user's directories first (--patch-dir, then $SM120KIT_PATCH_PATH),
+then the shipped set. Nothing is loaded from anywhere else.
+
+A patch is a module `<dir>/<package>/<name>.py` that defines `PATCH = Patch(...)`.
+A user patch with the id of a shipped one replaces it (so a fix can be tried before a
+release), and the listing says where each patch came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from sm120kit.errors import UserError
+from sm120kit.patching.spec import Patch
+
+ENV_VAR = "SM120KIT_PATCH_PATH"
+
+
+def shipped_dir() -> Path:
+    """Inside the wheel: sm120kit/_shipped/patches. In a source checkout: ./patches."""
+    here = Path(__file__).resolve().parent.parent
+    packaged = here / "_shipped" / "patches"
+    return packaged if packaged.is_dir() else here.parent / "patches"
+
+
+def search_path(patch_dirs: list[str] | None = None) -> list[Path]:
+    user = [Path(d).expanduser() for d in patch_dirs or []]
+    user += [Path(d).expanduser() for d in os.environ.get(ENV_VAR, "").split(os.pathsep) if d]
+    for d in user:
+        if not d.is_dir():
+            raise UserError(
+                f"patch directory {d} does not exist",
+                f"check --patch-dir and ${ENV_VAR}",
+            )
+    return [*user, shipped_dir()]
+
+
+def _load_module(path: Path) -> Patch:
+    name = "sm120kit_patch_" + "_".join(path.with_suffix("").parts[-2:]).replace("-", "_")
+    spec = importlib.util.spec_from_file_location(name, path)
+    try:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses and libcst need the module registered
+        spec.loader.exec_module(module)
+    except Exception as exc:  # a broken user patch is bad input, not a crash
+        sys.modules.pop(name, None)
+        raise UserError(
+            f"{path}: the patch module failed to load ({type(exc).__name__}: {exc})",
+            "fix the module or remove its directory from --patch-dir / $" + ENV_VAR,
+        ) from None
+    patch = getattr(module, "PATCH", None)
+    if not isinstance(patch, Patch):
+        raise UserError(f"{path}: defines no PATCH = Patch(...)", "see patches/sglang/ for the shape")
+    if path.parent.name != patch.package:
+        raise UserError(
+            f"{path}: PATCH.package is {patch.package!r} but the file is under {path.parent.name}/",
+            f"move it to {path.parent.parent / patch.package}/",
+        )
+    return dataclasses.replace(patch, source=str(path))
+
+
+def load_patches(patch_dirs: list[str] | None = None) -> list[Patch]:
+    """All patches, first directory wins for an id; ordered by package, then id."""
+    found: dict[str, Patch] = {}
+    for directory in search_path(patch_dirs):
+        for path in sorted(directory.glob("*/*.py")):
+            if path.name.startswith("_"):
+                continue
+            patch = _load_module(path)
+            found.setdefault(patch.id, patch)
+    return sorted(found.values(), key=lambda p: (p.package, p.id))
+
+
+def select(patches: list[Patch], only: list[str] | None) -> list[Patch]:
+    if not only:
+        return patches
+    known = {p.id: p for p in patches}
+    unknown = [i for i in only if i not in known]
+    if unknown:
+        raise UserError(
+            f"unknown patch id {', '.join(map(repr, unknown))}; known: {', '.join(known) or 'none'}",
+            "run `sm120kit patches` to list them",
+        )
+    return [known[i] for i in only]

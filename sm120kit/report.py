@@ -1,0 +1,129 @@
+"""Human tables and --json documents for the patch commands (no logic of their own)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Iterable, Sequence
+
+from sm120kit.patching.engine import Finding, Lost, Plan, Restore
+from sm120kit.patching.spec import Outcome, Patch
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    rows = [[str(c) for c in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join(fmt.format(*r).rstrip() for r in [list(headers), *rows])
+
+
+def emit_json(doc: dict) -> None:
+    json.dump(doc, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def _first_line(text: str, debug: bool) -> str:
+    return text if debug else text.splitlines()[0] if text else ""
+
+
+# -- patches ---------------------------------------------------------------------------
+
+
+def patch_listing(patches: list[Patch], shipped: str) -> tuple[str, list[dict]]:
+    docs, rows = [], []
+    for p in patches:
+        origin = "shipped" if p.source.startswith(shipped) else p.source
+        docs.append(
+            {
+                "id": p.id,
+                "package": p.package,
+                "summary": p.summary,
+                "why": p.why,
+                "revision": p.revision,
+                "fixed_in": p.fixed_in,
+                "refs": list(p.refs),
+                "rewrites": [{"path": r.path, "versions": r.versions} for r in p.rewrites],
+                "source": origin,
+            }
+        )
+        rows.append([p.id, p.package, " | ".join(r.versions for r in p.rewrites), p.fixed_in or "open", p.summary])
+    text = table(["PATCH", "PACKAGE", "RELEASES", "FIXED IN", "SUMMARY"], rows)
+    for p in patches:
+        text += f"\n\n{p.id} (r{p.revision}, {'shipped' if p.source.startswith(shipped) else p.source})\n  {p.why}"
+        if p.refs:
+            text += f"\n  upstream: {', '.join(p.refs)}"
+        for r in p.rewrites:
+            text += f"\n  {r.versions:<22} {r.path}"
+    return text, docs
+
+
+# -- patch / status --------------------------------------------------------------------
+
+
+def lost_messages(plan: Plan) -> list[str]:
+    """The plain account of what an upgrade (or a reinstall) did to our patches."""
+    by_patch = {f.patch.id: f for f in plan.findings}
+    messages = []
+    for lost in plan.lost:
+        now = by_patch.get(lost.patch_id)
+        messages.append(f"{_lost_head(lost)}; {_lost_tail(lost, now)}")
+    return messages
+
+
+def _lost_head(lost: Lost) -> str:
+    if lost.old_version != lost.new_version:
+        return f"{lost.package} {lost.old_version} -> {lost.new_version}: patch {lost.patch_id} was lost in the upgrade"
+    return f"{lost.package} {lost.new_version}: patch {lost.patch_id} was lost (the file was reinstalled)"
+
+
+def _lost_tail(lost: Lost, now: Finding | None) -> str:
+    if now is None:
+        return "it is not in the patch set any more"
+    return {
+        Outcome.APPLIED: "re-applied",
+        Outcome.WOULD_APPLY: "run `sm120kit patch` to re-apply it",
+        Outcome.ALREADY_APPLIED: "it is back in place",
+        Outcome.FIXED_UPSTREAM: f"not needed any more (fixed upstream in {now.patch.fixed_in})",
+        Outcome.NOT_APPLICABLE: f"it does not apply to {lost.new_version}",
+    }.get(now.outcome, f"it could not be re-applied: {now.outcome.value}")
+
+
+def findings_table(findings: list[Finding], debug: bool) -> str:
+    rows = [
+        [
+            f.patch.id,
+            f.patch.package,
+            f.version or "-",
+            f.outcome.value,
+            f.path or "-",
+            _first_line(f.detail, debug),
+        ]
+        for f in findings
+    ]
+    return table(["PATCH", "PACKAGE", "VERSION", "OUTCOME", "FILE", "DETAIL"], rows)
+
+
+def summary(findings: list[Finding]) -> str:
+    counts: dict[str, int] = {}
+    for f in findings:
+        counts[f.outcome.value] = counts.get(f.outcome.value, 0) + 1
+    return ", ".join(f"{n} {o}" for o, n in counts.items()) or "no patches"
+
+
+def plan_json(command: str, plan: Plan, code: int, extra: dict | None = None) -> dict:
+    return {
+        "command": command,
+        "target": plan.target.as_json(),
+        "results": [f.as_json() for f in plan.findings],
+        "lost": [vars(x) for x in plan.lost],
+        "messages": lost_messages(plan),
+        **(extra or {}),
+        "exit_code": code,
+    }
+
+
+def restore_table(rows: list[Restore]) -> str:
+    return table(
+        ["FILE", "PACKAGE", "VERSION", "PATCHES", "OUTCOME", "DETAIL"],
+        [[r.path, r.package, r.version, ",".join(r.patch_ids), r.outcome, r.detail] for r in rows],
+    )

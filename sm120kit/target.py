@@ -1,0 +1,167 @@
+"""The Python environment being patched: its site directories and the installed
+distributions in them (version, RECORD hashes, editable source trees).
+
+Nothing here imports the target's packages: everything is read from dist-info metadata,
+so an environment with sglang, torch and CUDA is inspected without loading any of them.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from email.parser import HeaderParser
+from functools import cached_property
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from packaging.utils import canonicalize_name
+
+from sm120kit.errors import UserError
+
+# Asked of a foreign interpreter (--python): where its installed packages live.
+_SITE_QUERY = (
+    "import json, site, sys, sysconfig; p = sysconfig.get_paths(); "
+    "print(json.dumps([p['purelib'], p['platlib'], *site.getsitepackages(), *sys.path]))"
+)
+
+
+def _record_hex(digest: str) -> str | None:
+    algo, _, value = digest.partition("=")
+    if algo != "sha256" or not value:
+        return None
+    return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).hex()
+
+
+@dataclass(frozen=True)
+class Distribution:
+    name: str  # canonical name, e.g. "sglang", "flashinfer-python"
+    version: str
+    site: Path  # the directory that holds the .dist-info (and our ledger)
+    dist_info: Path
+
+    @cached_property
+    def editable_root(self) -> Path | None:
+        """The source tree of an editable install (PEP 610 direct_url.json), else None."""
+        try:
+            info = json.loads((self.dist_info / "direct_url.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if not info.get("dir_info", {}).get("editable"):
+            return None
+        url = urlparse(info.get("url", ""))
+        return Path(unquote(url.path)) if url.scheme == "file" else None
+
+    @property
+    def editable(self) -> bool:
+        return self.editable_root is not None
+
+    @cached_property
+    def record(self) -> dict[str, str]:
+        """RECORD as {relative path: sha256 hex}; files without a hash are left out."""
+        try:
+            text = (self.dist_info / "RECORD").read_text()
+        except OSError:
+            return {}
+        hashes = {}
+        for row in csv.reader(text.splitlines()):
+            if len(row) >= 2 and (digest := _record_hex(row[1])):
+                hashes[row[0]] = digest
+        return hashes
+
+    def file(self, relpath: str) -> Path:
+        """Where `relpath` (e.g. "sglang/srt/x.py") lives: the site dir, or for an editable
+        install the source tree (its root, src/ or python/ as sglang's repository has it)."""
+        root = self.editable_root
+        if root is None:
+            return self.site / relpath
+        top = relpath.split("/", 1)[0]
+        for candidate in (root, root / "src", root / "python"):
+            if (candidate / top).is_dir():
+                return candidate / relpath
+        return root / relpath
+
+    def key(self, relpath: str) -> str:
+        return f"{self.name}:{relpath}"
+
+
+def _read_distribution(dist_info: Path) -> Distribution | None:
+    try:
+        headers = HeaderParser().parsestr((dist_info / "METADATA").read_text(errors="replace"))
+    except OSError:
+        return None
+    name, version = headers.get("Name"), headers.get("Version")
+    if not name or not version:
+        return None
+    return Distribution(canonicalize_name(name), version.strip(), dist_info.parent, dist_info)
+
+
+@dataclass
+class Target:
+    description: str
+    site_dirs: list[Path]
+    _found: dict[str, Distribution | None] = field(default_factory=dict)
+
+    def find(self, package: str) -> Distribution | None:
+        """The installed distribution that the interpreter would import (first on the path)."""
+        want = canonicalize_name(package)
+        if want not in self._found:
+            self._found[want] = None
+            prefix = want.replace("-", "_")
+            for site in self.site_dirs:
+                for dist_info in sorted(site.glob("*.dist-info")):
+                    stem = dist_info.name[: -len(".dist-info")]
+                    if canonicalize_name(stem.split("-", 1)[0]) != canonicalize_name(prefix):
+                        continue
+                    if dist := _read_distribution(dist_info):
+                        self._found[want] = dist
+                        break
+                if self._found[want]:
+                    break
+        return self._found[want]
+
+    def as_json(self) -> dict:
+        return {"description": self.description, "site_dirs": [str(p) for p in self.site_dirs]}
+
+
+def _unique_dirs(paths: list[str]) -> list[Path]:
+    seen, dirs = set(), []
+    for raw in paths:
+        if not raw:
+            continue
+        p = Path(raw).resolve()
+        if p not in seen and p.is_dir() and ("site-packages" in p.parts[-1] or "dist-packages" in p.parts[-1]):
+            seen.add(p)
+            dirs.append(p)
+    return dirs
+
+
+def resolve_target(python: str | None = None, site: str | None = None) -> Target:
+    """--site DIR, --python EXE, or (default) this interpreter."""
+    if python and site:
+        raise UserError("--python and --site name two different targets", "give one of them")
+    if site:
+        path = Path(site).expanduser()
+        if not path.is_dir():
+            raise UserError(f"--site {site}: no such directory", "point --site at a site-packages directory")
+        return Target(f"site {path.resolve()}", [path.resolve()])
+    if python:
+        try:
+            out = subprocess.run(
+                [python, "-c", _SITE_QUERY], capture_output=True, text=True, timeout=60, check=True
+            ).stdout
+            paths = json.loads(out)
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            raise UserError(
+                f"--python {python}: could not ask that interpreter for its site directories ({exc})",
+                "pass the python executable of the environment, e.g. --python /opt/venv/bin/python",
+            ) from None
+        return Target(f"python {python}", _unique_dirs(paths))
+    paths = sysconfig.get_paths()
+    return Target(
+        f"python {sys.executable}", _unique_dirs([paths["purelib"], paths["platlib"], *sys.path])
+    )

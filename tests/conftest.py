@@ -1,0 +1,76 @@
+"""Shared fixtures: real sglang releases unpacked into throwaway site directories, and the
+CLI run in-process."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import fetch_wheels  # noqa: E402
+
+from sm120kit.cli import main  # noqa: E402
+from sm120kit.patching.registry import load_patches  # noqa: E402
+
+WINDOW = fetch_wheels.SGLANG_WINDOW
+FIXTURE_PATCHES = ROOT / "tests" / "fixtures" / "patches"
+
+# The files the shipped patches (and the fixture patch) touch; unpacking just these and
+# the dist-info keeps a release install to a few milliseconds.
+MEMBERS = sorted({r.path for p in load_patches([str(FIXTURE_PATCHES)]) for r in p.rewrites})
+
+
+def install(site: Path, version: str) -> Path:
+    """sglang==version into `site` as pip would (replacing any other version)."""
+    return fetch_wheels.install(site, "sglang", version, MEMBERS)
+
+
+def next_release(version: str) -> str | None:
+    i = WINDOW.index(version)
+    return WINDOW[i + 1] if i + 1 < len(WINDOW) else None
+
+
+@functools.lru_cache(maxsize=None)
+def wheel_bytes(version: str, relpath: str) -> bytes:
+    with zipfile.ZipFile(fetch_wheels.fetch("sglang", version)) as zf:
+        return zf.read(relpath)
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    path = tmp_path / "site-packages"
+    path.mkdir()
+    return path
+
+
+class Cli:
+    def __init__(self, capsys):
+        self.capsys = capsys
+
+    def __call__(self, *argv: str) -> tuple[int, str, str]:
+        self.capsys.readouterr()
+        code = main([str(a) for a in argv])
+        out, err = self.capsys.readouterr()
+        return code, out, err
+
+    def json(self, *argv: str) -> tuple[int, dict]:
+        import json
+
+        code, out, _ = self(*argv, "--json")
+        return code, json.loads(out)
+
+
+@pytest.fixture
+def cli(capsys) -> Cli:
+    return Cli(capsys)
+
+
+def tree_snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under root (ledger included) with its bytes: "nothing changed" means equal."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != "lock"}

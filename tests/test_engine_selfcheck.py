@@ -1,0 +1,70 @@
+"""The engine's own guarantees, whatever a patch does: a transform that raises, rewrites
+forever, forgets its marker or breaks the syntax is reported as failed and nothing is
+written (Black's assert_stable, for patches)."""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+from conftest import install, tree_snapshot
+
+from sm120kit.patching import engine
+from sm120kit.patching.cst_tools import marker_line
+from sm120kit.patching.spec import Outcome, Patch, Rewrite, Rewritten
+from sm120kit.target import resolve_target
+
+
+def _append(module: cst.Module, line: cst.EmptyLine) -> cst.Module:
+    return module.with_changes(footer=[*module.footer, line])
+
+
+def raises(module, ctx):
+    raise RuntimeError("boom")
+
+
+def grows(module, ctx):  # never says already-applied: unstable
+    return Rewritten(_append(module, marker_line(ctx.marker)))
+
+
+def unmarked(module, ctx):
+    return Rewritten(_append(module, marker_line("# something")))
+
+
+def breaks_syntax(module, ctx):
+    body = [*module.body, cst.parse_statement("x = 1\n")]
+    bad = body[-1].with_changes(body=[cst.Expr(cst.Name("def"))])
+    return Rewritten(module.with_changes(body=[*module.body, bad], footer=[marker_line(ctx.marker)]))
+
+
+@pytest.mark.parametrize(
+    "transform, says",
+    [
+        (raises, "transform raised RuntimeError('boom')"),
+        (grows, "unstable: a second pass would change the code again"),
+        (unmarked, "did not leave its marker comment"),
+        (breaks_syntax, "does not compile"),
+    ],
+)
+def test_misbehaving_transform_is_failed_and_nothing_written(site, transform, says):
+    install(site, "0.5.10")
+    patch = Patch("bad", "sglang", "s", "w", (Rewrite("sglang/version.py", ">=0.5.9", transform),))
+    before = tree_snapshot(site)
+    result = engine.apply(resolve_target(site=str(site)), [patch])
+    [finding] = result.findings
+    assert finding.outcome is Outcome.FAILED and says in finding.detail
+    assert result.exit_code(check=False) == 2
+    assert tree_snapshot(site) == before
+
+
+def test_out_of_window_versions(site):
+    install(site, "0.5.10")
+    target = resolve_target(site=str(site))
+    old = Patch("old", "sglang", "s", "w", (Rewrite("sglang/version.py", "<0.5.5", grows),))
+    fixed = Patch("fixed", "sglang", "s", "w", (Rewrite("sglang/version.py", "<0.5.5", grows),), fixed_in="0.5.6")
+    absent = Patch("absent", "sglang", "s", "w", (Rewrite("sglang/not_there.py", ">=0.5.9", grows),))
+    other = Patch("other", "flashinfer-python", "s", "w", (Rewrite("flashinfer/x.py", ">=0", grows),))
+    outcomes = {f.patch.id: (f.outcome, f.detail) for f in engine.plan(target, [old, fixed, absent, other]).findings}
+    assert outcomes["old"] == (Outcome.NOT_APPLICABLE, "sglang 0.5.10 is outside <0.5.5")
+    assert outcomes["fixed"][0] is Outcome.FIXED_UPSTREAM and "fixed upstream in 0.5.6" in outcomes["fixed"][1]
+    assert outcomes["absent"][0] is Outcome.ANCHOR_MISSING and "sglang/not_there.py is absent" in outcomes["absent"][1]
+    assert outcomes["other"] == (Outcome.NOT_APPLICABLE, "flashinfer-python is not installed")

@@ -1,0 +1,153 @@
+"""Bad input and faults: a clear message, exit 2, and nothing changed on disk."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+
+import pytest
+from conftest import FIXTURE_PATCHES, install, tree_snapshot
+from filelock import FileLock
+
+import sm120kit.patching.engine as engine
+
+GATE = "sglang/srt/model_executor/model_runner.py"
+
+
+@pytest.fixture
+def site10(site):
+    install(site, "0.5.10")
+    return site
+
+
+def assert_refused(cli, site, *argv, says: str):
+    before = tree_snapshot(site)
+    code, out, err = cli(*argv)
+    assert code == 2, out + err
+    assert says in err, err
+    assert "Traceback" not in out + err
+    assert tree_snapshot(site) == before
+    return err
+
+
+def test_unknown_patch_id(cli, site10):
+    err = assert_refused(cli, site10, "patch", "--site", site10, "--only", "no-such-patch", says="unknown patch id 'no-such-patch'")
+    assert "sm120kit patches" in err
+
+
+def test_target_without_sglang(cli, site):
+    err = assert_refused(cli, site, "patch", "--site", site, says="sglang is not installed in site")
+    assert "--python" in err
+
+
+def test_missing_site_dir(cli, tmp_path):
+    code, _, err = cli("status", "--site", tmp_path / "nope")
+    assert code == 2 and "no such directory" in err
+
+
+def test_read_only_file(cli, site10):
+    os.chmod(site10 / GATE, 0o444)
+    err = assert_refused(cli, site10, "patch", "--site", site10, says="read-only")
+    assert GATE in err and "0444" in err
+
+
+def test_foreign_edit_is_refused_then_forced(cli, site10):
+    with open(site10 / GATE, "a") as fh:
+        fh.write("# a local hotfix\n")
+    code, out, err = cli("patch", "--site", site10)
+    assert code == 2 and "foreign-edit" in out and "nothing was written" in out
+    code, out, _ = cli("patch", "--site", site10, "--force")
+    assert code == 0 and "applied" in out
+    # unpatch gives back the bytes it found (the hotfix included) and says they are not RECORD's.
+    code, out, _ = cli("unpatch", "--site", site10)
+    assert code == 0 and "differ from RECORD" in out
+    assert (site10 / GATE).read_text().endswith("# a local hotfix\n")
+
+
+def _rewrite_record(site, relpath, data):
+    """A vendor build whose code has another shape: the file and RECORD agree."""
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    (site / relpath).write_bytes(data)
+    record = next(site.glob("sglang-*.dist-info")) / "RECORD"
+    lines = [
+        f"{relpath},sha256={digest},{len(data)}" if line.startswith(relpath + ",") else line
+        for line in record.read_text().splitlines()
+    ]
+    record.write_text("\n".join(lines) + "\n")
+
+
+def test_anchor_missing(cli, site10):
+    data = (site10 / GATE).read_bytes().replace(b"if backend_str not in [", b"if self.server_args.moe_runner_backend not in [")
+    _rewrite_record(site10, GATE, data)
+    before = tree_snapshot(site10)
+    code, out, _ = cli("patch", "--site", site10)
+    assert code == 2 and "anchor-missing" in out and "expected one `if backend_str not in [...]`" in out
+    assert tree_snapshot(site10) == before
+
+
+def test_failure_between_two_writes_rolls_back(cli, site10, monkeypatch):
+    real = engine.write_atomic
+    calls = []
+
+    def fail_second(path, data):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(engine, "write_atomic", fail_second)
+    before = {p: b for p, b in tree_snapshot(site10).items() if not p.startswith(".sm120kit")}
+    code, out, err = cli("patch", "--site", site10, "--patch-dir", FIXTURE_PATCHES)
+    assert code == 2, out + err
+    assert "rolled back 1 written file(s): nothing was changed" in err
+    after = {p: b for p, b in tree_snapshot(site10).items() if not p.startswith(".sm120kit")}
+    assert after == before
+    assert not (site10 / ".sm120kit" / "ledger.json").exists()
+    # Both files were meant to change: the transaction did cover two.
+    monkeypatch.setattr(engine, "write_atomic", real)
+    code, doc = cli.json("patch", "--site", site10, "--patch-dir", FIXTURE_PATCHES)
+    assert code == 0 and [r["outcome"] for r in doc["results"]] == ["applied"] * 3
+
+
+def test_concurrent_run_is_refused(cli, site10):
+    (site10 / ".sm120kit").mkdir()
+    with FileLock(str(site10 / ".sm120kit" / "lock")):
+        assert_refused(cli, site10, "patch", "--site", site10, says="another sm120kit run is changing")
+        assert_refused(cli, site10, "unpatch", "--site", site10, says="another sm120kit run is changing")
+
+
+def test_broken_user_patch_module(cli, site10, tmp_path):
+    bad = tmp_path / "mine" / "sglang"
+    bad.mkdir(parents=True)
+    (bad / "oops.py").write_text("PATCH = 1 / 0\n")
+    err = assert_refused(cli, site10, "patch", "--site", site10, "--patch-dir", tmp_path / "mine", says="failed to load")
+    assert "oops.py" in err and "ZeroDivisionError" in err
+
+
+def test_missing_patch_dir(cli, site10, tmp_path):
+    assert_refused(cli, site10, "status", "--site", site10, "--patch-dir", tmp_path / "nope", says="does not exist")
+
+
+def test_json_error_document(cli, site):
+    code, doc = cli.json("status", "--site", site)
+    assert code == 2 and "not installed" in doc["error"] and doc["hint"]
+
+
+def test_lost_ledger_is_still_recognised(cli, site10):
+    assert cli("patch", "--site", site10)[0] == 0
+    for path in sorted((site10 / ".sm120kit").rglob("*"), reverse=True):
+        path.rmdir() if path.is_dir() else path.unlink()
+    code, doc = cli.json("status", "--site", site10)
+    [row] = doc["results"]
+    assert code == 0 and row["outcome"] == "already-applied" and "state was lost" in row["detail"]
+    code, out, err = cli("unpatch", "--site", site10)
+    assert code == 2 and "no-backup" in out and "pip install --force-reinstall --no-deps sglang==0.5.10" in out
+
+
+def test_reinstall_of_same_version_is_reported(cli, site10):
+    assert cli("patch", "--site", site10)[0] == 0
+    install(site10, "0.5.10")  # pip install --force-reinstall
+    code, out, _ = cli("status", "--site", site10)
+    assert code == 1
+    assert "sglang 0.5.10: patch sglang-moe-autotune-flashinfer-cutlass was lost (the file was reinstalled); run `sm120kit patch` to re-apply it" in out

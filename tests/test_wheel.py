@@ -1,0 +1,43 @@
+"""The built wheel, installed in a fresh venv, carries the patch set and works from there."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, install
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work), str(ROOT)], check=True)
+    [wheel] = work.glob("sm120kit-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "sm120kit/_shipped/patches/sglang/moe_autotune_flashinfer_cutlass.py" in names
+    assert not any(n.startswith("tests/") for n in names)
+    venv = work / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", str(wheel)], check=True)
+    return venv / "bin" / "sm120kit"
+
+
+def test_patches_ship(installed):
+    out = subprocess.run([installed, "patches", "--json"], capture_output=True, text=True, check=True).stdout
+    [patch] = json.loads(out)["patches"]
+    assert patch["id"] == "sglang-moe-autotune-flashinfer-cutlass" and patch["source"] == "shipped"
+
+
+def test_status_on_a_site(installed, site):
+    install(site, "0.5.10")
+    done = subprocess.run([installed, "status", "--site", site], capture_output=True, text=True)
+    assert done.returncode == 1, done.stderr
+    assert "sglang-moe-autotune-flashinfer-cutlass  sglang   0.5.10   would-apply" in done.stdout
+    done = subprocess.run([installed, "patch", "--verify", "--site", site], capture_output=True, text=True)
+    assert done.returncode == 0 and "verified" in done.stdout, done.stderr
