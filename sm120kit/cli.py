@@ -99,7 +99,7 @@ def cmd_status(args) -> int:
     from sm120kit.patching import engine
 
     target, patches = _load(args)
-    plan = engine.plan(target, patches)
+    plan = engine.plan(target, patches, need_bytes=False)
     code = plan.exit_code(check=True)
     if args.json:
         report.emit_json(report.plan_json("status", plan, code))
@@ -117,7 +117,7 @@ def cmd_patch(args) -> int:
 
     target, patches = _load(args)
     if args.check or args.diff:
-        plan = engine.plan(target, patches, force=args.force)
+        plan = engine.plan(target, patches, force=args.force, need_bytes=args.diff)
         code = plan.exit_code(check=args.check)
         diffs = [c.diff() for c in plan.changes] if args.diff else []
         if args.json:

@@ -95,12 +95,13 @@ def findings_table(findings: list[Finding], debug: bool) -> str:
             f.patch.package,
             f.version or "-",
             f.outcome.value,
+            f.patch.fixed_in or "open",
             f.path or "-",
             _first_line(f.detail, debug),
         ]
         for f in findings
     ]
-    return table(["PATCH", "PACKAGE", "VERSION", "OUTCOME", "FILE", "DETAIL"], rows)
+    return table(["PATCH", "PACKAGE", "VERSION", "OUTCOME", "UPSTREAM FIX", "FILE", "DETAIL"], rows)
 
 
 def summary(findings: list[Finding]) -> str:

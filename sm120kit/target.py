@@ -10,16 +10,13 @@ from __future__ import annotations
 import base64
 import csv
 import json
-import subprocess
+import re
 import sys
 import sysconfig
 from dataclasses import dataclass, field
-from email.parser import HeaderParser
 from functools import cached_property
 from pathlib import Path
 from urllib.parse import unquote, urlparse
-
-from packaging.utils import canonicalize_name
 
 from sm120kit.errors import UserError
 
@@ -28,6 +25,11 @@ _SITE_QUERY = (
     "import json, site, sys, sysconfig; p = sysconfig.get_paths(); "
     "print(json.dumps([p['purelib'], p['platlib'], *site.getsitepackages(), *sys.path]))"
 )
+
+
+def canonicalize_name(name: str) -> str:
+    """PEP 503 normalisation (as packaging.utils does, without its import cost)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _record_hex(digest: str) -> str | None:
@@ -61,17 +63,23 @@ class Distribution:
         return self.editable_root is not None
 
     @cached_property
-    def record(self) -> dict[str, str]:
-        """RECORD as {relative path: sha256 hex}; files without a hash are left out."""
+    def _record_text(self) -> str:
         try:
-            text = (self.dist_info / "RECORD").read_text()
+            return "\n" + (self.dist_info / "RECORD").read_text()
         except OSError:
-            return {}
-        hashes = {}
-        for row in csv.reader(text.splitlines()):
-            if len(row) >= 2 and (digest := _record_hex(row[1])):
-                hashes[row[0]] = digest
-        return hashes
+            return ""
+
+    def recorded_sha256(self, relpath: str) -> str | None:
+        """The sha256 (hex) that RECORD gives for `relpath`, or None (not listed, no hash).
+        Finds the one row instead of parsing all of them (0.5.23's RECORD has 6,400)."""
+        text = self._record_text
+        for needle in (f"\n{relpath},", f'\n"{relpath}",'):
+            start = text.find(needle)
+            if start >= 0:
+                end = text.find("\n", start + 1)
+                row = next(csv.reader([text[start + 1 : end if end >= 0 else None]]))
+                return _record_hex(row[1]) if len(row) >= 2 else None
+        return None
 
     def file(self, relpath: str) -> Path:
         """Where `relpath` (e.g. "sglang/srt/x.py") lives: the site dir, or for an editable
@@ -90,14 +98,21 @@ class Distribution:
 
 
 def _read_distribution(dist_info: Path) -> Distribution | None:
+    """Name and Version from METADATA's header (core metadata: one line each)."""
+    fields: dict[str, str] = {}
     try:
-        headers = HeaderParser().parsestr((dist_info / "METADATA").read_text(errors="replace"))
+        with open(dist_info / "METADATA", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if not line.strip():
+                    break
+                key, sep, value = line.partition(":")
+                if sep and key in ("Name", "Version"):
+                    fields.setdefault(key, value.strip())
     except OSError:
         return None
-    name, version = headers.get("Name"), headers.get("Version")
-    if not name or not version:
+    if "Name" not in fields or "Version" not in fields:
         return None
-    return Distribution(canonicalize_name(name), version.strip(), dist_info.parent, dist_info)
+    return Distribution(canonicalize_name(fields["Name"]), fields["Version"], dist_info.parent, dist_info)
 
 
 @dataclass
@@ -150,6 +165,8 @@ def resolve_target(python: str | None = None, site: str | None = None) -> Target
             raise UserError(f"--site {site}: no such directory", "point --site at a site-packages directory")
         return Target(f"site {path.resolve()}", [path.resolve()])
     if python:
+        import subprocess
+
         try:
             out = subprocess.run(
                 [python, "-c", _SITE_QUERY], capture_output=True, text=True, timeout=60, check=True

@@ -42,6 +42,14 @@ def wheel_bytes(version: str, relpath: str) -> bytes:
         return zf.read(relpath)
 
 
+@pytest.fixture(autouse=True)
+def outcome_cache(tmp_path_factory, monkeypatch) -> Path:
+    """Each test starts with an empty outcome cache of its own."""
+    path = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("SM120KIT_CACHE_DIR", str(path))
+    return path
+
+
 @pytest.fixture
 def site(tmp_path: Path) -> Path:
     path = tmp_path / "site-packages"

@@ -151,3 +151,25 @@ def test_reinstall_of_same_version_is_reported(cli, site10):
     code, out, _ = cli("status", "--site", site10)
     assert code == 1
     assert "sglang 0.5.10: patch sglang-moe-autotune-flashinfer-cutlass was lost (the file was reinstalled); run `sm120kit patch` to re-apply it" in out
+
+
+def test_write_keeps_mode_and_clears_stale_bytecode(cli, site10):
+    os.chmod(site10 / GATE, 0o640)
+    cache = (site10 / GATE).parent / "__pycache__"
+    cache.mkdir()
+    stale = cache / "model_runner.cpython-311.pyc"
+    stale.write_bytes(b"stale")
+    other = cache / "forward_batch_info.cpython-311.pyc"
+    other.write_bytes(b"unrelated")
+    assert cli("patch", "--site", site10)[0] == 0
+    assert (site10 / GATE).stat().st_mode & 0o777 == 0o640
+    assert not stale.exists() and other.exists()
+
+
+def test_patch_path_environment_variable(cli, site10, monkeypatch):
+    monkeypatch.setenv("SM120KIT_PATCH_PATH", str(FIXTURE_PATCHES))
+    code, doc = cli.json("patches")
+    assert {p["id"]: p["source"] != "shipped" for p in doc["patches"]} == {
+        "sglang-moe-autotune-flashinfer-cutlass": False,
+        "test-version-marker": True,
+    }

@@ -7,10 +7,9 @@ untuned tactics. The rewrite widens the gate for compute capability major 12 onl
 every other GPU keeps upstream's behaviour; 0.5.13 enabled the entry for all GPUs.
 """
 
-import libcst as cst
-import libcst.matchers as m
+from __future__ import annotations
 
-from sm120kit.patching.cst_tools import find_functions, marker_line
+from sm120kit.patching.cst_tools import cst, find_functions, iter_nodes, marker_line
 from sm120kit.patching.spec import (
     AlreadyApplied,
     AnchorMissing,
@@ -24,24 +23,35 @@ GATES = ("_should_run_flashinfer_autotune", "should_run_flashinfer_autotune")
 BACKEND = "flashinfer_cutlass"
 SM120_CLAUSE = f'not (backend_str == "{BACKEND}" and torch.cuda.get_device_capability()[0] == 12)'
 
-_GATE_TEST = m.Comparison(
-    left=m.Name("backend_str"),
-    comparisons=[m.ComparisonTarget(operator=m.NotIn(), comparator=m.List())],
-)
-_PATCHED_TEST = m.BooleanOperation(
-    left=_GATE_TEST,
-    operator=m.And(),
-    right=m.UnaryOperation(operator=m.Not(), expression=m.BooleanOperation(
-        left=m.Comparison(left=m.Name("backend_str"), comparisons=[
-            m.ComparisonTarget(operator=m.Equal(), comparator=m.SimpleString(f'"{BACKEND}"'))
-        ])
-    )),
-)
+
+def _is_string(node: cst.CSTNode, value: str) -> bool:
+    return isinstance(node, cst.SimpleString) and node.evaluated_value == value
 
 
-def _lists_backend(node: cst.List) -> bool:
-    return any(
-        isinstance(e.value, cst.SimpleString) and e.value.evaluated_value == BACKEND for e in node.elements
+def _is_gate_test(node: cst.CSTNode) -> bool:
+    """`backend_str not in [...]`"""
+    return (
+        isinstance(node, cst.Comparison)
+        and isinstance(node.left, cst.Name)
+        and node.left.value == "backend_str"
+        and len(node.comparisons) == 1
+        and isinstance(node.comparisons[0].operator, cst.NotIn)
+        and isinstance(node.comparisons[0].comparator, cst.List)
+    )
+
+
+def _is_patched_test(node: cst.CSTNode) -> bool:
+    """`backend_str not in [...] and not (backend_str == "flashinfer_cutlass" and ...)`"""
+    if not (isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.And)):
+        return False
+    clause = node.right
+    return (
+        _is_gate_test(node.left)
+        and isinstance(clause, cst.UnaryOperation)
+        and isinstance(clause.operator, cst.Not)
+        and isinstance(clause.expression, cst.BooleanOperation)
+        and isinstance(clause.expression.left, cst.Comparison)
+        and _is_string(clause.expression.left.comparisons[0].comparator, BACKEND)
     )
 
 
@@ -50,11 +60,13 @@ def widen_autotune_gate(module: cst.Module, ctx):
     if not gates:
         return AnchorMissing(f"no function {' / '.join(GATES)}")
     gate, put = gates[0]
-    if any(_lists_backend(node) for node in m.findall(gate, m.List())):
+    nodes = list(iter_nodes(gate))
+    if any(isinstance(n, cst.List) and any(_is_string(e.value, BACKEND) for e in n.elements) for n in nodes):
         return FixedUpstream(f'"{BACKEND}" is in the autotune list of {gate.name.value}')
-    if m.findall(gate, m.If(test=_PATCHED_TEST)):
+    ifs = [n for n in nodes if isinstance(n, cst.If)]
+    if any(_is_patched_test(n.test) for n in ifs):
         return AlreadyApplied()
-    tests = m.findall(gate, m.If(test=_GATE_TEST))
+    tests = [n for n in ifs if _is_gate_test(n.test)]
     if len(tests) != 1:
         return AnchorMissing(f"expected one `if backend_str not in [...]` in {gate.name.value}, found {len(tests)}")
     old = tests[0]

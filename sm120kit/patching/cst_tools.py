@@ -1,27 +1,45 @@
-"""Small libcst helpers for patch transforms.
+"""libcst for patch transforms: `cst` (libcst itself, imported on first use) and a few
+helpers.
 
-Matchers over a whole 3,000-line module cost half a second; patches know which function
-they change, so they find it directly (top level or one class deep) and swap it back in
-along the same path.
+Patch modules write `from sm120kit.patching.cst_tools import cst` rather than
+`import libcst as cst`: importing libcst costs ~0.4 s, and a `patch --check` whose
+verdicts are all cached never needs it.
+
+Walking a whole 3,000-line module costs a large part of a second; patches know which
+function they change, so they find it directly (top level or one class deep), search
+inside it, and swap it back in along the same path.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-import libcst as cst
+if TYPE_CHECKING:
+    import libcst
 
-Put = Callable[[cst.FunctionDef], cst.Module]
+
+class _Libcst:
+    """Stands in for the libcst module until an attribute is first read."""
+
+    def __getattr__(self, name: str) -> Any:
+        import libcst
+
+        self.__dict__.update(vars(libcst))
+        return getattr(libcst, name)
+
+
+cst: Any = _Libcst()
+Put = Callable[["libcst.FunctionDef"], "libcst.Module"]
 
 
 def _spliced(seq, index, new):
     return [*seq[:index], new, *seq[index + 1 :]]
 
 
-def find_functions(module: cst.Module, names: Iterable[str]) -> list[tuple[cst.FunctionDef, Put]]:
+def find_functions(module: libcst.Module, names: Iterable[str]) -> list[tuple[libcst.FunctionDef, Put]]:
     """Each function or method named in `names`, with a `put(new_function) -> Module`."""
     names = set(names)
-    found: list[tuple[cst.FunctionDef, Put]] = []
+    found: list[tuple[libcst.FunctionDef, Put]] = []
     for i, stmt in enumerate(module.body):
         if isinstance(stmt, cst.FunctionDef) and stmt.name.value in names:
             found.append((stmt, lambda new, i=i: module.with_changes(body=_spliced(module.body, i, new))))
@@ -37,6 +55,16 @@ def find_functions(module: cst.Module, names: Iterable[str]) -> list[tuple[cst.F
     return found
 
 
-def marker_line(text: str) -> cst.EmptyLine:
+def iter_nodes(node: libcst.CSTNode) -> Iterator[libcst.CSTNode]:
+    """Every node under `node`, itself included (depth first). Cheap on a function;
+    libcst.matchers would cost half a second just to import."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(reversed(current.children))
+
+
+def marker_line(text: str) -> libcst.EmptyLine:
     """A comment line to put in front of a changed statement."""
     return cst.EmptyLine(comment=cst.Comment(text))

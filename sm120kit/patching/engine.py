@@ -13,14 +13,13 @@ error nothing is written; if a write fails, the files already written are put ba
 from __future__ import annotations
 
 import contextlib
-import difflib
 import os
-import traceback
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sm120kit.errors import UserError
+from sm120kit.patching import cache as outcome_cache
 from sm120kit.patching.ledger import FileEntry, Ledger, sha256, write_atomic
 from sm120kit.patching.spec import (
     AlreadyApplied,
@@ -79,6 +78,8 @@ class FileChange:
         return self.dist.file(self.relpath)
 
     def diff(self) -> str:
+        import difflib
+
         label = self.relpath
         return "".join(
             difflib.unified_diff(
@@ -133,6 +134,8 @@ def _transform(
         try:
             result = rewrite.transform(module, patch.context())
         except Exception as exc:  # a patch bug must not take the run down: report it
+            import traceback
+
             findings.append(finding(patch, Outcome.FAILED, f"transform raised {exc!r}\n{traceback.format_exc()}"))
             continue
         if isinstance(result, Rewritten):
@@ -182,8 +185,10 @@ def _fixed_detail(patch: Patch, reason: str) -> str:
 # -- planning --------------------------------------------------------------------------
 
 
-def plan(target: Target, patches: list[Patch], force: bool = False) -> Plan:
-    """What each patch is on the target, and the new bytes of each file to change."""
+def plan(target: Target, patches: list[Patch], force: bool = False, *, cache: bool = True, need_bytes: bool = True) -> Plan:
+    """What each patch is on the target, and (with need_bytes) the new bytes of each file
+    to change. `cache` lets verdicts cached for these exact bytes stand in for running the
+    transforms; `verify` turns it off to prove everything from disk."""
     result = Plan(target)
     by_package: dict[str, list[Patch]] = defaultdict(list)
     for patch in patches:
@@ -206,7 +211,7 @@ def plan(target: Target, patches: list[Patch], force: bool = False) -> Plan:
                 outcome, detail = _outside_window(patch, dist)
                 result.findings.append(Finding(patch, outcome, detail, dist.version))
         for relpath, items in per_file.items():
-            _plan_file(result, dist, ledger, relpath, items, force)
+            _plan_file(result, dist, ledger, relpath, items, force, cache, need_bytes)
         _plan_untargeted_entries(result, dist, ledger, set(per_file), patches)
 
     if patches and not installed:
@@ -229,14 +234,36 @@ def _file_state(dist: Distribution, entry: FileEntry | None, relpath: str, diges
     """pristine: the vendor's bytes; ours: what we last wrote; foreign: neither."""
     if entry and digest == entry.patched_sha256:
         return "ours"
-    recorded = dist.record.get(relpath)
+    recorded = dist.recorded_sha256(relpath)
     if recorded is not None:
         return "pristine" if digest == recorded else "foreign"
     # No RECORD hash (editable source tree): the bytes we first saw are the baseline.
     return "pristine" if entry is None or digest == entry.vendor_sha256 else "foreign"
 
 
-def _plan_file(plan_: Plan, dist: Distribution, ledger: Ledger, relpath: str, items, force: bool) -> None:
+def _cache_key(patch: Patch, rewrite: Rewrite, version: str, digest: str) -> str:
+    return outcome_cache.key(patch.id, str(patch.revision), patch.source_sha256, rewrite.path, version, digest)
+
+
+def _verdicts(before: bytes, digest: str, items, version: str, relpath: str, cache: bool, need_bytes: bool):
+    """(new bytes or None when not needed, findings): from the cache when it has every
+    verdict and no new bytes are needed, else from the transforms (and then cached)."""
+    keys = [_cache_key(p, r, version, digest) for p, r in items]
+    if cache:
+        hits = [outcome_cache.get(k) for k in keys]
+        if all(hits) and not (need_bytes and any(h["outcome"] == Outcome.WOULD_APPLY.value for h in hits)):
+            return None, [Finding(p, Outcome(h["outcome"]), h["detail"], version, relpath) for (p, _), h in zip(items, hits)]
+    after, findings = _transform(before, items, version, relpath)
+    after_digest = sha256(after)
+    for (p, r), k, f in zip(items, keys, findings):
+        if f.outcome is not Outcome.FAILED:  # a failure may be an environment accident; retry it
+            outcome_cache.put(k, {"outcome": f.outcome.value, "detail": f.detail})
+        if f.outcome is Outcome.WOULD_APPLY:  # the self-check proved it on the new bytes
+            outcome_cache.put(_cache_key(p, r, version, after_digest), {"outcome": Outcome.ALREADY_APPLIED.value, "detail": ""})
+    return after, findings
+
+
+def _plan_file(plan_: Plan, dist: Distribution, ledger: Ledger, relpath: str, items, force: bool, cache: bool, need_bytes: bool) -> None:
     path = dist.file(relpath)
     try:
         before = path.read_bytes()
@@ -251,7 +278,7 @@ def _plan_file(plan_: Plan, dist: Distribution, ledger: Ledger, relpath: str, it
     entry = ledger.files.get(key)
     digest = sha256(before)
     state = _file_state(dist, entry, relpath, digest)
-    after, findings = _transform(before, items, dist.version, relpath)
+    after, findings = _verdicts(before, digest, items, dist.version, relpath, cache, need_bytes)
     plan_.findings += findings
 
     if entry and state == "pristine":  # an upgrade or reinstall put the vendor's bytes back
@@ -260,7 +287,7 @@ def _plan_file(plan_: Plan, dist: Distribution, ledger: Ledger, relpath: str, it
 
     if state == "foreign":
         _judge_foreign(findings, entry, relpath, force)
-    if after == before or any(f.outcome.is_error for f in findings):
+    if after is None or after == before or any(f.outcome.is_error for f in findings):
         return
     plan_.changes.append(
         FileChange(
@@ -416,7 +443,7 @@ def _record(result: Plan, change: FileChange) -> None:
 def verify(target: Target, patches: list[Patch]) -> list[str]:
     """Re-read everything from disk: every patch must be in place, fixed upstream or not
     applicable, and every ledger entry must match the bytes on disk. Returns problems."""
-    result = plan(target, patches)
+    result = plan(target, patches, cache=False)
     problems = [
         f"{f.patch.id}: {f.outcome.value} {f.detail}".rstrip()
         for f in result.findings
@@ -496,7 +523,7 @@ def _plan_restore(target, ledger, key, entry, ids, by_id, force, rows, writes, u
     rows.append(row)
     path = dist.file(entry.path) if dist else None
     current = path.read_bytes() if path and path.exists() else None
-    recorded = dist.record.get(entry.path) if dist else None
+    recorded = dist.recorded_sha256(entry.path) if dist else None
     digest = sha256(current) if current is not None else None
     if digest is None or digest in (recorded, entry.vendor_sha256):
         row.outcome, row.detail = "pristine", "already the vendor's bytes (reinstalled or upgraded)"
@@ -536,7 +563,7 @@ def _plan_restore(target, ledger, key, entry, ids, by_id, force, rows, writes, u
 def _unrecorded(target: Target, patches: list[Patch], ledgers: dict[Path, Ledger]) -> list[Restore]:
     """Applied code with no ledger entry (the state was lost): nothing to restore from."""
     rows = []
-    for f in plan(target, patches).findings:
+    for f in plan(target, patches, need_bytes=False).findings:
         if f.outcome is not Outcome.ALREADY_APPLIED or f.path is None:
             continue
         dist = target.find(f.patch.package)

@@ -9,6 +9,7 @@ release), and the listing says where each patch came from.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import os
 import sys
@@ -60,7 +61,8 @@ def _load_module(path: Path) -> Patch:
             f"{path}: PATCH.package is {patch.package!r} but the file is under {path.parent.name}/",
             f"move it to {path.parent.parent / patch.package}/",
         )
-    return dataclasses.replace(patch, source=str(path))
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return dataclasses.replace(patch, source=str(path), source_sha256=digest)
 
 
 def load_patches(patch_dirs: list[str] | None = None) -> list[Patch]:

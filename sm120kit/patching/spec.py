@@ -95,6 +95,7 @@ class Patch:
     refs: tuple[str, ...] = ()
     revision: int = 1  # bump when the rewrite changes, so applied code is re-checked
     source: str = ""  # the module it was loaded from (set by the registry)
+    source_sha256: str = ""  # of that module: outcomes are cached under it
 
     def context(self) -> Context:
         return Context(self.id, self.revision)

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Speed of the patch commands, as medians of several runs of the real CLI in a
+subprocess (interpreter start included, as a user sees it).
+
+    python scripts/bench_patch.py [--runs 7]
+
+Run it with bytecode caching on (unset PYTHONDONTWRITEBYTECODE), as an installed tool runs.
+
+  patch --check on an unpacked sglang 0.5.23   target < 0.5 s, within 3x of `import sm120kit`
+  patch on an unpacked sglang 0.5.10           target < 3 s
+  --help                                       target < 0.3 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fetch_wheels  # noqa: E402
+
+CLI = [sys.executable, "-m", "sm120kit"]
+
+
+def timed(cmd: list[str], ok=(0,), before=None, cold=False) -> float:
+    if before:
+        before()
+    env = dict(os.environ)
+    if cold:  # an empty outcome cache: every verdict comes from parsing the file
+        env["SM120KIT_CACHE_DIR"] = tempfile.mkdtemp()
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, env=env)
+    elapsed = time.perf_counter() - start
+    if done.returncode not in ok:
+        raise SystemExit(f"{' '.join(map(str, cmd))} exited {done.returncode}: {done.stderr.decode()}")
+    return elapsed
+
+
+def median(runs: int, *args, **kwargs) -> float:
+    timed(*args, **kwargs)  # warm the page cache
+    return statistics.median(timed(*args, **kwargs) for _ in range(runs))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=7)
+    runs = parser.parse_args().runs
+    with tempfile.TemporaryDirectory() as tmp:
+        site23, site10 = Path(tmp) / "site23", Path(tmp) / "site10"
+        fetch_wheels.install(site23, "sglang", "0.5.23")
+        fetch_wheels.install(site10, "sglang", "0.5.10")
+        unpatch = lambda: subprocess.run([*CLI, "unpatch", "--site", str(site10)], capture_output=True, check=True)  # noqa: E731
+        rows = [
+            ("python -c 'import sm120kit' (baseline)", median(runs, [sys.executable, "-c", "import sm120kit"])),
+            ("sm120kit --help", median(runs, [*CLI, "--help"])),
+            ("sm120kit patch --check, sglang 0.5.23", median(runs, [*CLI, "patch", "--check", "--site", str(site23)])),
+            ("  the same, outcome cache empty", median(runs, [*CLI, "patch", "--check", "--site", str(site23)], cold=True)),
+            ("sm120kit patch, sglang 0.5.10", median(runs, [*CLI, "patch", "--site", str(site10)], before=unpatch)),
+            ("sm120kit patch --check, sglang 0.5.10 patched", median(runs, [*CLI, "patch", "--check", "--site", str(site10)])),
+            ("  the same, outcome cache empty", median(runs, [*CLI, "patch", "--check", "--site", str(site10)], cold=True)),
+        ]
+    base = rows[0][1]
+    print(f"median of {runs} runs, {sys.implementation.name} {sys.version.split()[0]}")
+    for name, seconds in rows:
+        print(f"  {name:<48} {seconds * 1000:7.0f} ms   {seconds / base:5.1f}x baseline")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""The outcome cache stands in for the transforms only for the exact bytes it saw."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import install
+
+import sm120kit.patching.engine as engine
+from sm120kit.patching.registry import load_patches
+from sm120kit.target import resolve_target
+
+GATE = "sglang/srt/model_executor/model_runner.py"
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    calls = []
+    real = engine._transform
+
+    def counting(*args, **kwargs):
+        calls.append(args[3])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_transform", counting)
+    return calls
+
+
+def test_warm_status_parses_nothing(cli, site, counted):
+    install(site, "0.5.10")
+    first = cli.json("status", "--site", site)
+    assert counted == [GATE]
+    assert cli.json("status", "--site", site) == first and counted == [GATE]
+    assert cli("patch", "--check", "--site", site)[0] == 1 and counted == [GATE]
+
+
+def test_changed_bytes_miss_the_cache(cli, site, counted):
+    install(site, "0.5.10")
+    assert cli("patch", "--site", site)[0] == 0  # parses; the result is cached
+    counted.clear()
+    assert cli.json("status", "--site", site)[1]["results"][0]["outcome"] == "already-applied"
+    assert counted == []
+    install(site, "0.5.11")  # new bytes
+    assert cli.json("status", "--site", site)[1]["results"][0]["outcome"] == "would-apply"
+    assert counted == [GATE]
+
+
+def test_apply_and_verify_do_not_trust_the_cache(cli, site, counted):
+    install(site, "0.5.10")
+    cli("status", "--site", site)
+    counted.clear()
+    assert cli("patch", "--site", site)[0] == 0  # would-apply needs the new bytes
+    assert counted == [GATE]
+    counted.clear()
+    target, patches = resolve_target(site=str(site)), load_patches()
+    assert engine.verify(target, patches) == [] and counted == [GATE]
