@@ -63,9 +63,10 @@ def patch_listing(patches: list[Patch], shipped: str) -> tuple[str, list[dict]]:
 def lost_messages(plan: Plan) -> list[str]:
     """The plain account of what an upgrade (or a reinstall) did to our patches."""
     by_patch = {f.patch.id: f for f in plan.findings}
+    by_file = {(f.patch.id, f.path): f for f in plan.findings}
     messages = []
     for lost in plan.lost:
-        now = by_patch.get(lost.patch_id)
+        now = by_file.get((lost.patch_id, lost.path)) or by_patch.get(lost.patch_id)
         messages.append(f"{_lost_head(lost)}; {_lost_tail(lost, now)}")
     return messages
 
@@ -83,7 +84,7 @@ def _lost_tail(lost: Lost, now: Finding | None) -> str:
         Outcome.APPLIED: "re-applied",
         Outcome.WOULD_APPLY: "run `sm120kit patch` to re-apply it",
         Outcome.ALREADY_APPLIED: "it is back in place",
-        Outcome.FIXED_UPSTREAM: f"not needed any more (fixed upstream in {now.patch.fixed_in})",
+        Outcome.FIXED_UPSTREAM: f"not needed any more (fixed upstream in {now.fixed_in})",
         Outcome.NOT_APPLICABLE: f"it does not apply to {lost.new_version}",
     }.get(now.outcome, f"it could not be re-applied: {now.outcome.value}")
 
@@ -95,7 +96,7 @@ def findings_table(findings: list[Finding], debug: bool) -> str:
             f.patch.package,
             f.version or "-",
             f.outcome.value,
-            f.patch.fixed_in or "open",
+            f.fixed_in or "-",
             f.path or "-",
             _first_line(f.detail, debug),
         ]

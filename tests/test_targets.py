@@ -12,6 +12,7 @@ from pathlib import Path
 from conftest import FIXTURE_PATCHES, install, wheel_bytes
 
 GATE = "sglang/srt/model_executor/model_runner.py"
+AUTOTUNE = ("--only", "sglang-moe-autotune-flashinfer-cutlass")
 
 
 def test_python_target(cli, tmp_path):
@@ -21,7 +22,7 @@ def test_python_target(cli, tmp_path):
     site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())  # fmt: skip
     install(site, "0.5.10")
-    code, doc = cli.json("status", "--python", python)
+    code, doc = cli.json("status", "--python", python, *AUTOTUNE)
     assert code == 1 and doc["results"][0]["outcome"] == "would-apply"
     assert doc["target"]["site_dirs"] == [str(site.resolve())]
     assert cli("patch", "--python", python)[0] == 0
@@ -54,7 +55,7 @@ def test_editable_install(cli, site, tmp_path):
     checkout = tmp_path / "sglang"
     editable_install(site, checkout, "0.5.10")
     source = checkout / "python" / GATE
-    code, doc = cli.json("status", "--site", site)
+    code, doc = cli.json("status", "--site", site, *AUTOTUNE)
     assert code == 1 and doc["results"][0]["outcome"] == "would-apply"
 
     code, out, _ = cli("patch", "--verify", "--site", site)
@@ -80,19 +81,20 @@ def test_editable_install(cli, site, tmp_path):
 def test_unpatch_one_of_two_patches_on_the_same_file(cli, site):
     install(site, "0.5.10")
     args = ("--site", site, "--patch-dir", FIXTURE_PATCHES)
-    assert cli("patch", *args)[0] == 0
-    code, doc = cli.json("unpatch", *args, "--only", "sglang-moe-autotune-flashinfer-cutlass")
+    both = (*AUTOTUNE, "--only", "test-version-marker")
+    assert cli("patch", *args, *both)[0] == 0
+    code, doc = cli.json("unpatch", *args, *AUTOTUNE)
     assert code == 0 and [r["path"] for r in doc["results"]] == [GATE]
     text = (site / GATE).read_text()
     assert "# sm120kit: test-version-marker r1" in text and "get_device_capability()[0] == 12" not in text
-    code, doc = cli.json("status", *args)
+    code, doc = cli.json("status", *args, *both)
     outcomes = {(r["patch"], r["path"]): r["outcome"] for r in doc["results"]}
     assert outcomes == {
         ("sglang-moe-autotune-flashinfer-cutlass", GATE): "would-apply",
         ("test-version-marker", GATE): "already-applied",
         ("test-version-marker", "sglang/version.py"): "already-applied",
     }
-    assert cli("patch", "--check", *args)[0] == 1
+    assert cli("patch", "--check", *args, *both)[0] == 1
     # The rest comes off too, and both files are the wheel's again.
     assert cli("unpatch", *args)[0] == 0
     for relpath in (GATE, "sglang/version.py"):

@@ -30,14 +30,16 @@ def installed(tmp_path_factory) -> Path:
 
 def test_patches_ship(installed):
     out = subprocess.run([installed, "patches", "--json"], capture_output=True, text=True, check=True).stdout
-    [patch] = json.loads(out)["patches"]
-    assert patch["id"] == "sglang-moe-autotune-flashinfer-cutlass" and patch["source"] == "shipped"
+    shipped = {p.name for p in (ROOT / "patches").glob("*/*.py")}
+    listed = json.loads(out)["patches"]
+    assert len(listed) == len(shipped) and {p["source"] for p in listed} == {"shipped"}
+    assert "sglang-moe-autotune-flashinfer-cutlass" in {p["id"] for p in listed}
 
 
 def test_status_on_a_site(installed, site):
     install(site, "0.5.10")
     done = subprocess.run([installed, "status", "--site", site], capture_output=True, text=True)
     assert done.returncode == 1, done.stderr
-    assert "sglang-moe-autotune-flashinfer-cutlass  sglang   0.5.10   would-apply" in done.stdout
+    assert "sglang-moe-autotune-flashinfer-cutlass  sglang   0.5.10   would-apply  0.5.13" in done.stdout
     done = subprocess.run([installed, "patch", "--verify", "--site", site], capture_output=True, text=True)
     assert done.returncode == 0 and "verified" in done.stdout, done.stderr

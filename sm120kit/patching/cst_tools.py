@@ -65,6 +65,24 @@ def iter_nodes(node: libcst.CSTNode) -> Iterator[libcst.CSTNode]:
         stack.extend(reversed(current.children))
 
 
+def carries(node: libcst.CSTNode, marker: str) -> bool:
+    """Whether a statement has `marker` in a comment line above it."""
+    return any(line.comment and marker in line.comment.value for line in getattr(node, "leading_lines", ()))
+
+
+def compares_to(node: libcst.CSTNode, number: str) -> bool:
+    """Whether any `x == <number>` appears under `node` (e.g. a capability major 12 branch)."""
+    return any(
+        isinstance(n, cst.Comparison)
+        and any(isinstance(t.operator, cst.Equal) and isinstance(t.comparator, cst.Integer) and t.comparator.value == number for t in n.comparisons)
+        for n in iter_nodes(node)
+    )
+
+
+def insert_after(block: libcst.IndentedBlock, index: int, statement: libcst.BaseStatement) -> libcst.IndentedBlock:
+    return block.with_changes(body=[*block.body[: index + 1], statement, *block.body[index + 1 :]])
+
+
 def marker_line(text: str) -> libcst.EmptyLine:
     """A comment line to put in front of a changed statement."""
     return cst.EmptyLine(comment=cst.Comment(text))

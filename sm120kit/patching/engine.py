@@ -40,6 +40,7 @@ class Finding:
     detail: str = ""
     version: str | None = None
     path: str | None = None
+    fixed_in: str | None = None  # the upstream release that fixed this part, if any
 
     def as_json(self) -> dict:
         return {
@@ -49,7 +50,7 @@ class Finding:
             "path": self.path,
             "outcome": self.outcome.value,
             "detail": self.detail,
-            "fixed_in": self.patch.fixed_in,
+            "fixed_in": self.fixed_in,
         }
 
 
@@ -61,6 +62,7 @@ class Lost:
     old_version: str
     new_version: str
     patch_id: str
+    path: str
 
 
 @dataclass
@@ -120,14 +122,14 @@ def _transform(
 ) -> tuple[bytes, list[Finding]]:
     import libcst as cst
 
-    def finding(patch: Patch, outcome: Outcome, detail: str = "") -> Finding:
-        return Finding(patch, outcome, detail, version, relpath)
+    def finding(patch: Patch, rewrite: Rewrite, outcome: Outcome, detail: str = "") -> Finding:
+        return Finding(patch, outcome, detail, version, relpath, rewrite.fixed_in or patch.fixed_in)
 
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
         reason = f"{relpath} does not parse ({str(exc).splitlines()[0]})"
-        return source, [finding(p, Outcome.ANCHOR_MISSING, reason) for p, _ in items]
+        return source, [finding(p, r, Outcome.ANCHOR_MISSING, reason) for p, r in items]
 
     findings = []
     for patch, rewrite in items:
@@ -136,19 +138,21 @@ def _transform(
         except Exception as exc:  # a patch bug must not take the run down: report it
             import traceback
 
-            findings.append(finding(patch, Outcome.FAILED, f"transform raised {exc!r}\n{traceback.format_exc()}"))
+            findings.append(finding(patch, rewrite, Outcome.FAILED, f"transform raised {exc!r}\n{traceback.format_exc()}"))
             continue
         if isinstance(result, Rewritten):
             module = result.module
-            findings.append(finding(patch, Outcome.WOULD_APPLY))
+            findings.append(finding(patch, rewrite, Outcome.WOULD_APPLY))
         elif isinstance(result, AlreadyApplied):
-            findings.append(finding(patch, Outcome.ALREADY_APPLIED))
+            findings.append(finding(patch, rewrite, Outcome.ALREADY_APPLIED))
         elif isinstance(result, FixedUpstream):
-            findings.append(finding(patch, Outcome.FIXED_UPSTREAM, _fixed_detail(patch, result.reason)))
+            fixed_in = rewrite.fixed_in or patch.fixed_in
+            detail = f"fixed upstream in {fixed_in}: {result.reason}" if fixed_in else result.reason
+            findings.append(finding(patch, rewrite, Outcome.FIXED_UPSTREAM, detail))
         elif isinstance(result, AnchorMissing):
-            findings.append(finding(patch, Outcome.ANCHOR_MISSING, result.reason))
+            findings.append(finding(patch, rewrite, Outcome.ANCHOR_MISSING, result.reason))
         else:
-            findings.append(finding(patch, Outcome.FAILED, f"transform returned {result!r}"))
+            findings.append(finding(patch, rewrite, Outcome.FAILED, f"transform returned {result!r}"))
     after = module.bytes
     if after != source:
         _self_check(after, items, findings, relpath)
@@ -178,10 +182,6 @@ def _self_check(after: bytes, items, findings: list[Finding], relpath: str) -> N
             f.outcome, f.detail = Outcome.FAILED, "unstable: a second pass would change the code again"
 
 
-def _fixed_detail(patch: Patch, reason: str) -> str:
-    return f"fixed upstream in {patch.fixed_in}: {reason}" if patch.fixed_in else reason
-
-
 # -- planning --------------------------------------------------------------------------
 
 
@@ -209,7 +209,7 @@ def plan(target: Target, patches: list[Patch], force: bool = False, *, cache: bo
                 per_file[rewrite.path].append((patch, rewrite))
             if not rewrites:
                 outcome, detail = _outside_window(patch, dist)
-                result.findings.append(Finding(patch, outcome, detail, dist.version))
+                result.findings.append(Finding(patch, outcome, detail, dist.version, fixed_in=patch.fixed_in))
         for relpath, items in per_file.items():
             _plan_file(result, dist, ledger, relpath, items, force, cache, need_bytes)
         _plan_untargeted_entries(result, dist, ledger, set(per_file), patches)
@@ -252,7 +252,10 @@ def _verdicts(before: bytes, digest: str, items, version: str, relpath: str, cac
     if cache:
         hits = [outcome_cache.get(k) for k in keys]
         if all(hits) and not (need_bytes and any(h["outcome"] == Outcome.WOULD_APPLY.value for h in hits)):
-            return None, [Finding(p, Outcome(h["outcome"]), h["detail"], version, relpath) for (p, _), h in zip(items, hits)]
+            return None, [
+                Finding(p, Outcome(h["outcome"]), h["detail"], version, relpath, r.fixed_in or p.fixed_in)
+                for (p, r), h in zip(items, hits)
+            ]
     after, findings = _transform(before, items, version, relpath)
     after_digest = sha256(after)
     for (p, r), k, f in zip(items, keys, findings):
@@ -282,7 +285,7 @@ def _plan_file(plan_: Plan, dist: Distribution, ledger: Ledger, relpath: str, it
     plan_.findings += findings
 
     if entry and state == "pristine":  # an upgrade or reinstall put the vendor's bytes back
-        plan_.lost += [Lost(dist.name, entry.version, dist.version, pid) for pid in entry.patches]
+        plan_.lost += [Lost(dist.name, entry.version, dist.version, pid, entry.path) for pid in entry.patches]
         plan_.drop.append((ledger, key))
 
     if state == "foreign":
@@ -335,7 +338,7 @@ def _plan_untargeted_entries(plan_: Plan, dist: Distribution, ledger: Ledger, ta
         current = sha256(path.read_bytes()) if path.exists() else None
         if current == entry.patched_sha256:
             continue
-        plan_.lost += [Lost(dist.name, entry.version, dist.version, pid) for pid in entry.patches]
+        plan_.lost += [Lost(dist.name, entry.version, dist.version, pid, entry.path) for pid in entry.patches]
         plan_.drop.append((ledger, key))
 
 

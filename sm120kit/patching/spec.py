@@ -79,6 +79,7 @@ class Rewrite:
     path: str  # relative to the package's install root, e.g. "sglang/srt/model_executor/model_runner.py"
     versions: str  # PEP 440 specifier set, e.g. ">=0.5.9,<0.5.14"
     transform: Transform
+    fixed_in: str | None = None  # when this part was fixed upstream, if not the patch's fixed_in
 
     def covers(self, version: str) -> bool:
         return SpecifierSet(self.versions).contains(Version(version), prereleases=True)

@@ -1,0 +1,245 @@
+"""Compile sglang's real Triton kernels for sm_120 on a CPU-only machine (no GPU, no torch)
+and read the shared memory that Triton will ask the driver for at launch.
+
+`metadata.shared` is exactly what Triton compares with the opt-in limit before it raises
+`OutOfResources`, so `shared_bytes(...) <= SM120_SMEM_OPTIN` is the launch condition.
+The kernels come from a release's file (bytes), cut down to what compiles without sglang:
+see `load_kernels`. sglang's own selection code then runs for a chosen GPU (`set_gpu`).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import triton
+from triton.backends.compiler import BaseBackend, GPUTarget
+from triton.compiler import ASTSource
+
+try:  # the specializer the JIT uses at launch (Triton >= 3.6)
+    from triton._C.libtriton import native_specialize_impl as _native
+except ImportError:  # Triton 3.5: the same rules, in Python
+    from triton.runtime.jit import create_specialize_impl
+
+    _py = create_specialize_impl(BaseBackend.get_arg_specialization)
+
+    def _native(backend, arg, is_const, specialize, align):
+        return _py(arg, is_const, specialize, align)
+
+
+SM120_SMEM_OPTIN = 101376  # cudaDevAttrMaxSharedMemoryPerBlockOptin, RTX PRO 6000 / RTX 50xx
+SMEM_OPTIN = {12: SM120_SMEM_OPTIN, 10: 232448, 9: 232448}  # by CUDA capability major
+# The selection helpers the loader keeps (with the module functions they call); a name a
+# file lacks is ignored.
+HELPERS = ("_get_block_sizes_for_extend_attention", "context_attention_fwd", "get_default_config",
+           "should_enable_swap_ab")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Dtype:
+    """torch.dtype stand-in: Triton reads str(dtype) ("torch.bfloat16"); sglang compares them."""
+
+    name: str
+    itemsize: int
+
+    def __str__(self) -> str:
+        return f"torch.{self.name}"
+
+    @property
+    def is_floating_point(self) -> bool:
+        return self.name.startswith(("float", "bfloat"))
+
+
+DTYPES = {d.name: d for d in (Dtype("float32", 4), Dtype("float16", 2), Dtype("bfloat16", 2),
+                              Dtype("float8_e4m3fn", 1), Dtype("int32", 4), Dtype("int64", 8))}  # fmt: skip
+
+
+@dataclass
+class FakeTensor:
+    """A contiguous torch.Tensor as far as launchers and the specializer look at one."""
+
+    shape: tuple
+    dtype: Dtype | str = "bfloat16"
+    ptr: int = 1 << 20  # 16-byte aligned, like every torch allocation
+
+    def __post_init__(self):
+        self.shape = tuple(self.shape)
+        self.dtype = DTYPES[self.dtype] if isinstance(self.dtype, str) else self.dtype
+        self.ndim = len(self.shape)
+
+    def stride(self, dim: int | None = None):
+        strides = tuple(_prod(self.shape[i + 1 :]) for i in range(self.ndim))
+        return strides if dim is None else strides[dim]
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def dim(self) -> int:
+        return self.ndim
+
+    def numel(self) -> int:
+        return _prod(self.shape)
+
+
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+def _fake_torch(major: int, minor: int) -> SimpleNamespace:
+    props = SimpleNamespace(major=major, minor=minor, name=f"fake sm_{major}{minor}",
+                            shared_memory_per_block_optin=SMEM_OPTIN.get(major, 101376))  # fmt: skip
+    cuda = SimpleNamespace(is_available=lambda: True, current_device=lambda: 0,
+                           get_device_capability=lambda device=None: (major, minor),
+                           get_device_properties=lambda device=None: props)  # fmt: skip
+    return SimpleNamespace(cuda=cuda, Tensor=FakeTensor, dtype=Dtype, **DTYPES)
+
+
+def set_gpu(module: ModuleType, capability: tuple[int, int] = (12, 0)) -> ModuleType:
+    """Give the module the globals sglang computes at import (and the sglang.srt.utils
+    functions it imports), as they would be on a CUDA GPU of this capability."""
+    major, minor = capability
+    vars(module).update(
+        _is_cuda=True, _is_hip=False, _is_npu=False, _is_cpu=False, _is_gfx95=False, _is_gfx1250=False,
+        _use_aiter=False, CUDA_CAPABILITY=(major, minor), torch=_fake_torch(major, minor),
+        is_cuda=lambda: True, is_hip=lambda: False, get_device_capability=lambda *a, **k: (major, minor),
+        get_device_sm=lambda: major * 10 + minor, is_sm90_supported=lambda *a: major == 9,
+        is_sm100_supported=lambda *a: major == 10, is_sm120_supported=lambda *a: major == 12,
+        is_batch_invariant_mode_enabled=lambda: False,
+        get_global_server_args=lambda: SimpleNamespace(enable_deterministic_inference=False),
+        logger=logging.getLogger(module.__name__),
+    )  # fmt: skip
+    return module
+
+
+def _is_jit(node: ast.expr) -> bool:
+    node = node.func if isinstance(node, ast.Call) else node
+    return ast.unparse(node) in ("triton.jit", "jit")
+
+
+def _is_literal(node: ast.expr) -> bool:  # `_MIN_BLOCK_KV = 32`, `_CUTOFF = 128 * 1024`
+    ok = (ast.Constant, ast.Tuple, ast.List, ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop, ast.Load)
+    return all(isinstance(n, ok) for n in ast.walk(node))
+
+
+def load_kernels(source: bytes, tmpdir: Path, helpers=HELPERS) -> ModuleType:
+    """Import a kernel file without sglang or torch. Kept: stdlib and triton imports, every
+    @triton.jit function, literal constants, and the `helpers` with the module functions they
+    call (their other decorators, e.g. lru_cache, dropped so set_gpu takes effect). Every other
+    line is blanked, so line numbers in compiler errors still match the release's file."""
+    text = source.decode()
+    tree = ast.parse(text)
+    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    wanted, todo = set(), [h for h in helpers if h in funcs]
+    while todo:  # helpers plus the plain module functions they reach
+        name = todo.pop()
+        if name not in wanted and not any(_is_jit(d) for d in funcs[name].decorator_list):
+            wanted.add(name)
+            todo += [n.id for n in ast.walk(funcs[name]) if isinstance(n, ast.Name) and n.id in funcs]
+    blank = set()
+    for node in tree.body:
+        first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+        if isinstance(node, ast.FunctionDef) and (node.name in wanted or any(map(_is_jit, node.decorator_list))):
+            blank.update(n for d in node.decorator_list if not _is_jit(d) for n in range(d.lineno, d.end_lineno + 1))
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            roots = {(a.name if isinstance(node, ast.Import) else node.module or "").split(".")[0] for a in node.names}
+            if roots <= set(sys.stdlib_module_names) | {"triton", "__future__"}:
+                continue
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _is_literal(node.value):
+            continue
+        blank.update(range(first, node.end_lineno + 1))
+    lines = text.splitlines()
+    kept = "\n".join("" if i + 1 in blank else line for i, line in enumerate(lines)) + "\n"
+    name = "sglang_aot_" + hashlib.sha256(source + repr(helpers).encode()).hexdigest()[:16]
+    path = Path(tmpdir) / f"{name}.py"
+    path.write_text(kept)  # @triton.jit reads the source back with inspect.getsource
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    set_gpu(module)  # default args and annotations may name torch at definition time
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Launch:
+    """One `kernel[grid](*args, **kwargs)` as a launcher made it."""
+
+    kernel: object
+    args: dict  # parameter name -> value
+    num_warps: int = 4  # Triton's CUDA defaults when the launcher passes none
+    num_stages: int = 3
+    options: dict = field(default_factory=dict)
+    grid: object = None
+
+    def shared_bytes(self, arch: int = 120) -> int:
+        return shared_bytes(self.kernel, self.args, self.num_warps, self.num_stages, arch, **self.options)
+
+
+def capture_launch(module: ModuleType, kernel_name: str, entry: str, *args, **kwargs) -> Launch:
+    """Call module.<entry>(*args, **kwargs) (e.g. the real context_attention_fwd with
+    FakeTensors) with module.<kernel_name> replaced by a recorder; return its one launch."""
+    kernel, calls = getattr(module, kernel_name), []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: calls.append((grid, a, kw))
+
+    setattr(module, kernel_name, Recorder())
+    try:
+        getattr(module, entry)(*args, **kwargs)
+    finally:
+        setattr(module, kernel_name, kernel)
+    assert len(calls) == 1, f"{entry} launched {kernel_name} {len(calls)} times"
+    grid, a, kw = calls[0]
+    names = [p.name for p in kernel.params]
+    launch = Launch(kernel, dict(zip(names, a)), grid=grid)
+    for key, value in kw.items():
+        if key in names:
+            launch.args[key] = value
+        elif key in ("num_warps", "num_stages"):
+            setattr(launch, key, value)
+        else:
+            launch.options[key] = value
+    return launch
+
+
+def compile_for(kernel, args: dict, num_warps: int, num_stages: int, arch: int = 120, **options):
+    """triton.compile for GPUTarget("cuda", arch, 32), with the arguments specialised as the
+    JIT does at launch (16-byte aligned pointers, ints % 16 == 0, ints == 1, None). Without
+    that, Triton cannot prove alignment, does not pipeline, and under-reports shared memory."""
+    signature, constexprs, attrs = {}, {}, {}
+    for p in kernel.params:
+        if p.name not in args and not p.has_default:
+            raise TypeError(f"{kernel.__name__}: missing argument {p.name}")
+        val = args[p.name] if p.name in args else p.default
+        if p.is_constexpr:
+            signature[p.name], constexprs[p.name] = "constexpr", val
+            continue
+        ty, spec = _native(BaseBackend, val, p.is_const, not p.do_not_specialize, not p.do_not_specialize_on_alignment)
+        signature[p.name] = ty
+        if ty == "constexpr":
+            constexprs[p.name] = val
+        elif isinstance(spec, str):
+            attrs[(p.num,)] = BaseBackend.parse_attr(spec)
+    unknown = set(args) - {p.name for p in kernel.params}
+    if unknown:
+        raise TypeError(f"{kernel.__name__}: no parameter {sorted(unknown)}")
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    opts = dict(num_warps=num_warps, num_stages=num_stages, **options)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
+
+
+def shared_bytes(kernel, args: dict, num_warps: int, num_stages: int, arch: int = 120, **options) -> int:
+    return compile_for(kernel, args, num_warps, num_stages, arch, **options).metadata.shared
