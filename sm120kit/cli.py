@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--diff", action="store_true", help="write nothing; print the unified diff that would be written")
     mode.add_argument("--verify", action="store_true", help="apply, then prove from disk that every patch is in place")
     p.add_argument("--force", action="store_true", help="patch files that someone else edited")
+    p.add_argument("--keep-jit-cache", action="store_true", help="keep JIT caches (flashinfer) built from the old sources")
     _common(p)
     p.set_defaults(func=cmd_patch)
 
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     _patch_args(p)
     p.add_argument("--dry-run", action="store_true", help="say what would be restored, write nothing")
     p.add_argument("--force", action="store_true", help="restore the originals even over later edits")
+    p.add_argument("--keep-jit-cache", action="store_true", help="keep JIT caches (flashinfer) built from the patched sources")
     _common(p)
     p.set_defaults(func=cmd_unpatch)
     return parser
@@ -104,10 +106,7 @@ def cmd_status(args) -> int:
     if args.json:
         report.emit_json(report.plan_json("status", plan, code))
         return code
-    print(f"target: {target.description}")
-    for message in report.lost_messages(plan):
-        print(message)
-    print(report.findings_table(plan.findings, args.debug))
+    report.print_plan(plan, args.debug)
     return code
 
 
@@ -129,7 +128,7 @@ def cmd_patch(args) -> int:
                 print(f"error: {f.patch.id}: {f.outcome.value}: {f.detail}", file=sys.stderr)
             return code
     else:
-        plan = engine.apply(target, patches, force=args.force)
+        plan = engine.apply(target, patches, force=args.force, keep_jit_cache=args.keep_jit_cache)
         code = plan.exit_code(check=False)
     problems = engine.verify(target, patches) if args.verify and code == 0 else []
     if problems:
@@ -138,10 +137,7 @@ def cmd_patch(args) -> int:
         mode = "verify" if args.verify else "check" if args.check else "apply"
         report.emit_json(report.plan_json("patch", plan, code, {"mode": mode, "verify_problems": problems}))
         return code
-    print(f"target: {target.description}")
-    for message in report.lost_messages(plan):
-        print(message)
-    print(report.findings_table(plan.findings, args.debug))
+    report.print_plan(plan, args.debug)
     print(report.summary(plan.findings) + ("" if not plan.errors else "; nothing was written"))
     if args.check and code == 1:
         print("would change: run `sm120kit patch` to apply")
@@ -159,12 +155,21 @@ def cmd_unpatch(args) -> int:
 
     target, patches = _load(args, selected=False)
     only = set(args.only) if args.only else None
-    rows = engine.unpatch(target, patches, only, force=args.force, dry_run=args.dry_run)
+    result = engine.unpatch(target, patches, only, force=args.force, dry_run=args.dry_run, keep_jit_cache=args.keep_jit_cache)
+    rows = result.rows
     code = 2 if any(r.is_error for r in rows) else 0
     if args.json:
-        report.emit_json({"command": "unpatch", "target": target.as_json(), "results": [r.as_json() for r in rows], "exit_code": code})
+        report.emit_json({
+            "command": "unpatch",
+            "target": target.as_json(),
+            "results": [r.as_json() for r in rows],
+            "warnings": result.warnings,
+            "jit_cache_removed": [str(p) for p in result.jit_cache_removed],
+            "exit_code": code,
+        })  # fmt: skip
         return code
     print(f"target: {target.description}")
+    report.print_cache_notes(result)
     if not rows:
         print("nothing to restore: no file carries an sm120kit patch")
         return code

@@ -89,6 +89,21 @@ def _lost_tail(lost: Lost, now: Finding | None) -> str:
     }.get(now.outcome, f"it could not be re-applied: {now.outcome.value}")
 
 
+def print_cache_notes(result) -> None:
+    for path in result.jit_cache_removed:
+        print(f"removed the JIT cache {path}: its kernels were built from the old sources")
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+
+
+def print_plan(plan: Plan, debug: bool) -> None:
+    print(f"target: {plan.target.description}")
+    for message in lost_messages(plan):
+        print(message)
+    print_cache_notes(plan)
+    print(findings_table(plan.findings, debug))
+
+
 def findings_table(findings: list[Finding], debug: bool) -> str:
     rows = [
         [
@@ -119,6 +134,8 @@ def plan_json(command: str, plan: Plan, code: int, extra: dict | None = None) ->
         "results": [f.as_json() for f in plan.findings],
         "lost": [vars(x) for x in plan.lost],
         "messages": lost_messages(plan),
+        "warnings": plan.warnings,
+        "jit_cache_removed": [str(p) for p in plan.jit_cache_removed],
         **(extra or {}),
         "exit_code": code,
     }

@@ -4,6 +4,7 @@ CLI run in-process."""
 from __future__ import annotations
 
 import functools
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -26,8 +27,21 @@ FIXTURE_PATCHES = ROOT / "tests" / "fixtures" / "patches"
 MEMBERS = sorted({r.path for p in load_patches([str(FIXTURE_PATCHES)]) for r in p.rewrites})
 
 
-def install(site: Path, version: str) -> Path:
-    """sglang==version into `site` as pip would (replacing any other version)."""
+@functools.lru_cache(maxsize=None)
+def flashinfer_pin(version: str) -> str | None:
+    """The flashinfer-python release that sglang==version pins (its METADATA says)."""
+    with zipfile.ZipFile(fetch_wheels.fetch("sglang", version)) as zf:
+        metadata = zf.read(f"sglang-{version}.dist-info/METADATA").decode()
+    pins = re.findall(r"^Requires-Dist: flashinfer[-_]python(?:\[[^\]]*\])?==([^\s;,]+)", metadata, re.M)
+    return pins[0] if pins else None
+
+
+def install(site: Path, version: str, flashinfer: bool = True) -> Path:
+    """sglang==version into `site` as pip would (replacing any other version), with the
+    flashinfer-python release it pins. Returns sglang's dist-info."""
+    pin = flashinfer_pin(version) if flashinfer else None
+    if pin:
+        fetch_wheels.install(site, "flashinfer-python", pin, MEMBERS)
     return fetch_wheels.install(site, "sglang", version, MEMBERS)
 
 
@@ -37,8 +51,8 @@ def next_release(version: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
-def wheel_bytes(version: str, relpath: str) -> bytes:
-    with zipfile.ZipFile(fetch_wheels.fetch("sglang", version)) as zf:
+def wheel_bytes(version: str, relpath: str, package: str = "sglang") -> bytes:
+    with zipfile.ZipFile(fetch_wheels.fetch(package, version)) as zf:
         return zf.read(relpath)
 
 

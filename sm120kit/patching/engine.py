@@ -20,6 +20,7 @@ from pathlib import Path
 
 from sm120kit.errors import UserError
 from sm120kit.patching import cache as outcome_cache
+from sm120kit.patching import jit_cache
 from sm120kit.patching.ledger import FileEntry, Ledger, sha256, write_atomic
 from sm120kit.patching.spec import (
     AlreadyApplied,
@@ -101,6 +102,8 @@ class Plan:
     lost: list[Lost] = field(default_factory=list)
     ledgers: dict[Path, Ledger] = field(default_factory=dict)
     drop: list[tuple[Ledger, str]] = field(default_factory=list)  # entries now describing vendor bytes
+    warnings: list[str] = field(default_factory=list)
+    jit_cache_removed: list[Path] = field(default_factory=list)
 
     @property
     def errors(self) -> list[Finding]:
@@ -213,6 +216,7 @@ def plan(target: Target, patches: list[Patch], force: bool = False, *, cache: bo
         for relpath, items in per_file.items():
             _plan_file(result, dist, ledger, relpath, items, force, cache, need_bytes)
         _plan_untargeted_entries(result, dist, ledger, set(per_file), patches)
+        result.warnings += _stale_jit_caches(dist, ledger)
 
     if patches and not installed:
         names = ", ".join(sorted(by_package))
@@ -221,6 +225,20 @@ def plan(target: Target, patches: list[Patch], force: bool = False, *, cache: bo
             "point sm120kit at the serving environment with --python /path/to/venv/bin/python or --site DIR",
         )
     return result
+
+
+def _stale_jit_caches(dist: Distribution, ledger: Ledger) -> list[str]:
+    import datetime as dt
+
+    times = [e.patched_at for e in ledger.files.values() if e.package == dist.name and e.patched_at]
+    if not times or not jit_cache.cache_dirs(dist):
+        return []
+    patched = max(dt.datetime.fromisoformat(t) for t in times)
+    return [
+        f"{dist.name} {dist.version}: the JIT cache {d} holds kernels built before sm120kit "
+        f"patched the sources ({patched:%Y-%m-%d %H:%M} UTC); remove it (rm -rf {d}) so they are rebuilt"
+        for d in jit_cache.built_before(dist, patched.timestamp())
+    ]
 
 
 def _outside_window(patch: Patch, dist: Distribution) -> tuple[Outcome, str]:
@@ -394,10 +412,11 @@ def _locked(sites: set[Path]) -> contextlib.ExitStack:
     return stack
 
 
-def apply(target: Target, patches: list[Patch], force: bool = False) -> Plan:
+def apply(target: Target, patches: list[Patch], force: bool = False, keep_jit_cache: bool = False) -> Plan:
     """Plan under the lock; if nothing is an error, write every change as one transaction,
-    prove it from disk, and record it in the ledger. Returns the plan, with the written
-    findings turned from would-apply into applied."""
+    prove it from disk, and record it in the ledger; then drop the JIT caches built from
+    the old sources. Returns the plan, with the written findings turned from would-apply
+    into applied."""
     sites = {d.site for p in patches if (d := target.find(p.package))}
     with _locked(sites):
         result = plan(target, patches, force)
@@ -415,10 +434,19 @@ def apply(target: Target, patches: list[Patch], force: bool = False) -> Plan:
         if result.changes or result.drop:
             for ledger in result.ledgers.values():
                 ledger.save()
+        _after_source_change(result, {c.dist for c in result.changes}, keep_jit_cache)
     for f in result.findings:
         if f.outcome is Outcome.WOULD_APPLY:
             f.outcome = Outcome.APPLIED
     return result
+
+
+def _after_source_change(result: Plan | Unpatched, dists, keep_jit_cache: bool) -> None:
+    for dist in sorted(dists, key=lambda d: d.name):
+        if keep_jit_cache:
+            result.warnings += [f"{dist.name}: kept the JIT cache {d} (--keep-jit-cache): it was built from the old sources" for d in jit_cache.cache_dirs(dist)]
+        else:
+            result.jit_cache_removed += jit_cache.remove(dist)
 
 
 def _record(result: Plan, change: FileChange) -> None:
@@ -481,12 +509,25 @@ class Restore:
         return {k: getattr(self, k) for k in ("package", "version", "path", "patch_ids", "outcome", "detail")}
 
 
+@dataclass
+class Unpatched:
+    rows: list[Restore] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    jit_cache_removed: list[Path] = field(default_factory=list)
+
+
 def unpatch(
-    target: Target, patches: list[Patch], only: set[str] | None = None, force: bool = False, dry_run: bool = False
-) -> list[Restore]:
+    target: Target,
+    patches: list[Patch],
+    only: set[str] | None = None,
+    force: bool = False,
+    dry_run: bool = False,
+    keep_jit_cache: bool = False,
+) -> Unpatched:
     """Give back the vendor's bytes for every file that carries one of the patches in
     `only` (all when None); other patches on the same file are re-applied to the original.
-    Proven against RECORD (or, for an editable install, the bytes seen before patching)."""
+    Proven against RECORD (or, for an editable install, the bytes seen before patching).
+    JIT caches built from the patched sources go too."""
     wanted = only if only is not None else {p.id for p in patches}
     by_id = {p.id: p for p in patches}
     sites = {d.site for p in patches if p.id in wanted and (d := target.find(p.package))}
@@ -503,8 +544,9 @@ def unpatch(
                 if ids:
                     _plan_restore(target, ledger, key, entry, ids, by_id, force, rows, writes, updates)
         rows += _unrecorded(target, [p for p in patches if p.id in wanted], ledgers)
+        result = Unpatched(rows)
         if dry_run or any(r.is_error for r in rows):
-            return rows
+            return result
         _check_writable([w[0] for w in writes])
         _write_all(writes)
         for ledger, key, entry in updates:
@@ -514,10 +556,11 @@ def unpatch(
                 ledger.files[key] = entry
         for ledger in ledgers.values():
             ledger.save()
-    for row in rows:
-        if row.outcome == "would-restore":
-            row.outcome = "restored"
-    return rows
+    restored = [r for r in rows if r.outcome == "would-restore"]
+    for row in restored:
+        row.outcome = "restored"
+    _after_source_change(result, {target.find(r.package) for r in restored}, keep_jit_cache)
+    return result
 
 
 def _plan_restore(target, ledger, key, entry, ids, by_id, force, rows, writes, updates) -> None:
