@@ -57,11 +57,11 @@ def wheel_bytes(version: str, relpath: str, package: str = "sglang") -> bytes:
 
 
 @pytest.fixture(autouse=True)
-def outcome_cache(tmp_path_factory, monkeypatch) -> Path:
-    """Each test starts with an empty outcome cache of its own."""
-    path = tmp_path_factory.mktemp("cache")
-    monkeypatch.setenv("SM120KIT_CACHE_DIR", str(path))
-    return path
+def private_caches(tmp_path_factory, monkeypatch) -> None:
+    """Each test gets an empty outcome cache, and a flashinfer JIT cache root of its own
+    (patching flashinfer removes that version's JIT cache: never the machine's)."""
+    monkeypatch.setenv("SM120KIT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path_factory.mktemp("flashinfer-home")))
 
 
 @pytest.fixture

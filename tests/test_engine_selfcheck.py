@@ -57,7 +57,7 @@ def test_misbehaving_transform_is_failed_and_nothing_written(site, transform, sa
 
 
 def test_out_of_window_versions(site):
-    install(site, "0.5.10")
+    install(site, "0.5.10", flashinfer=False)
     target = resolve_target(site=str(site))
     old = Patch("old", "sglang", "s", "w", (Rewrite("sglang/version.py", "<0.5.5", grows),))
     fixed = Patch("fixed", "sglang", "s", "w", (Rewrite("sglang/version.py", "<0.5.5", grows),), fixed_in="0.5.6")

@@ -74,7 +74,6 @@ class FileChange:
     after: bytes
     vendor_sha256: str  # what `unpatch` must give back
     needs_backup: bool  # `before` is the original, not yet in the backups
-    rewrites: list[tuple[Patch, Rewrite]]
 
     @property
     def abspath(self) -> Path:
@@ -215,8 +214,14 @@ def plan(target: Target, patches: list[Patch], force: bool = False, *, cache: bo
                 result.findings.append(Finding(patch, outcome, detail, dist.version, fixed_in=patch.fixed_in))
         for relpath, items in per_file.items():
             _plan_file(result, dist, ledger, relpath, items, force, cache, need_bytes)
-        _plan_untargeted_entries(result, dist, ledger, set(per_file), patches)
+        _plan_untargeted_entries(result, dist, ledger, set(per_file))
         result.warnings += _stale_jit_caches(dist, ledger)
+        prebuilt = jit_cache.prebuilt_package(dist)
+        if prebuilt and (aot := target.find(prebuilt)):
+            result.warnings.append(
+                f"{aot.name} {aot.version} is installed: flashinfer loads its prebuilt kernels instead of "
+                f"building from the sources that sm120kit patches (pip uninstall {aot.name} to use the fixes)"
+            )
 
     if patches and not installed:
         names = ", ".join(sorted(by_package))
@@ -318,7 +323,6 @@ def _plan_file(plan_: Plan, dist: Distribution, ledger: Ledger, relpath: str, it
             after,
             vendor_sha256=entry.vendor_sha256 if state == "ours" else digest,
             needs_backup=state != "ours",
-            rewrites=items,
         )
     )
 
@@ -346,7 +350,7 @@ def _judge_foreign(findings: list[Finding], entry: FileEntry | None, relpath: st
             )
 
 
-def _plan_untargeted_entries(plan_: Plan, dist: Distribution, ledger: Ledger, targeted: set[str], patches) -> None:
+def _plan_untargeted_entries(plan_: Plan, dist: Distribution, ledger: Ledger, targeted: set[str]) -> None:
     """Ledger entries for files that no rewrite covers any more (the upgrade moved or
     fixed the code): when the file is back to vendor bytes, the patch was lost."""
     for key, entry in list(ledger.files.items()):

@@ -24,6 +24,12 @@ def _flashinfer(dist: Distribution) -> list[Path]:
 
 
 _CACHES = {"flashinfer-python": _flashinfer}
+# Packages of prebuilt kernels that are loaded instead of JIT builds from the sources.
+_PREBUILT = {"flashinfer-python": "flashinfer-jit-cache"}
+
+
+def prebuilt_package(dist: Distribution) -> str | None:
+    return _PREBUILT.get(dist.name)
 
 
 def cache_dirs(dist: Distribution) -> list[Path]:

@@ -1,0 +1,122 @@
+"""Compile the SM120 CUTLASS fused-MoE JIT module with the GDC barriers turned on.
+
+The same bug class as the GEMM race (issue #2708), in the MoE: the SM120 TMA
+warp-specialised grouped GEMMs are run with programmatic dependent launch (the
+`enable_pdl` of the MoE runner), but gen_cutlass_fused_moe_sm120_module builds them
+without -DCUTLASS_ENABLE_GDC_FOR_SM100, so griddepcontrol.wait compiles to nothing: random
+cudaErrorIllegalInstruction / corrupt experts on SM12x under load. Upstream added the flag
+to every CUTLASS fused-MoE module in 0.6.8 (PR #2913).
+
+The rewrite adds the flag to the SM120 module alone (its nvcc targets are restricted to
+major 12; checked, else anchor-missing). The SM100/SM103/SM90 and trtllm-gen modules, which
+Hopper and datacenter-Blackwell GPUs build, are left as upstream shipped them. Like the GEMM
+patch it adds only the SM100 define (the SM90 one breaks SM120 builds, PR #2780).
+flashinfer 0.6.3-0.6.8 write a module's build.ninja only when it is missing, so the
+fused_moe_120 JIT cache directory must be removed for the flag to take effect.
+"""
+
+from __future__ import annotations
+
+from sm120kit.patching.cst_tools import carries, cst, find_functions, iter_nodes, marker_line
+from sm120kit.patching.spec import (
+    AlreadyApplied,
+    AnchorMissing,
+    FixedUpstream,
+    Patch,
+    Rewrite,
+    Rewritten,
+)
+
+FLAG = "-DCUTLASS_ENABLE_GDC_FOR_SM100=1"
+FUNCTION = "gen_cutlass_fused_moe_sm120_module"
+FLAGS_NAME = "nvcc_flags"
+
+
+def _has_string(node: cst.CSTNode, value: str) -> bool:
+    return any(isinstance(n, cst.SimpleString) and n.evaluated_value == value for n in iter_nodes(node))
+
+
+def _callee(call: cst.Call) -> str | None:
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    return func.value if isinstance(func, cst.Name) else None
+
+
+def _sm12x_only(function: cst.FunctionDef) -> bool:
+    """`get_nvcc_flags_list(supported_major_versions=[12])`: nvcc targets of major 12 alone."""
+    for node in iter_nodes(function):
+        if isinstance(node, cst.Call) and _callee(node) == "get_nvcc_flags_list":
+            for arg in node.args:
+                if arg.keyword is not None and arg.keyword.value == "supported_major_versions":
+                    value = arg.value
+                    return (
+                        isinstance(value, cst.List)
+                        and len(value.elements) > 0
+                        and all(isinstance(e.value, cst.Integer) and e.value.evaluated_value == 12 for e in value.elements)
+                    )
+    return False
+
+
+def _flags_assignment(function: cst.FunctionDef):
+    """The first top-level `nvcc_flags = [...]` of the function, or None."""
+    for stmt in function.body.body:
+        if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign):
+            assign = stmt.body[0]
+            targets = [t.target for t in assign.targets]
+            if len(targets) == 1 and isinstance(targets[0], cst.Name) and targets[0].value == FLAGS_NAME:
+                return stmt if isinstance(assign.value, cst.List) and assign.value.elements else None
+    return None
+
+
+def _appended(items: cst.List, value: cst.BaseExpression) -> cst.List:
+    """`items` with `value` as a new last element, laid out like the others."""
+    elements = list(items.elements)
+    last = elements[-1]
+    new = cst.Element(value)
+    if len(elements) >= 2 and isinstance(last.comma, cst.Comma) and isinstance(elements[-2].comma, cst.Comma):
+        # One element per line, trailing comma: the old last takes the inner separator,
+        # the new last takes the closing one.
+        return items.with_changes(elements=[*elements[:-1], last.with_changes(comma=elements[-2].comma), new.with_changes(comma=last.comma)])
+    return items.with_changes(elements=[*elements[:-1], last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), new])
+
+
+def enable_gdc(module: cst.Module, ctx):
+    found = find_functions(module, [FUNCTION])
+    if len(found) != 1:
+        return AnchorMissing(f"expected one function {FUNCTION}, found {len(found)}")
+    function, put = found[0]
+    for stmt in function.body.body:
+        if _has_string(stmt, FLAG):
+            if carries(stmt, f"# sm120kit: {ctx.patch_id} r"):
+                return AlreadyApplied()
+            return FixedUpstream(f"{FUNCTION} builds fused_moe_120 with {FLAG}")
+    if not _sm12x_only(function):
+        return AnchorMissing(f"{FUNCTION} is not restricted to supported_major_versions=[12]")
+    stmt = _flags_assignment(function)
+    if stmt is None:
+        return AnchorMissing(f"no `{FLAGS_NAME} = [...]` list at the top level of {FUNCTION}")
+    assign = stmt.body[0]
+    new_stmt = stmt.with_changes(
+        body=[assign.with_changes(value=_appended(assign.value, cst.SimpleString(f'"{FLAG}"')))],
+        leading_lines=[*stmt.leading_lines, marker_line(f"{ctx.marker}: PDL barriers on (upstream 0.6.8, PR #2913)")],
+    )
+    return Rewritten(put(function.deep_replace(stmt, new_stmt)))
+
+
+PATCH = Patch(
+    id="flashinfer-sm120-fused-moe-gdc",
+    package="flashinfer-python",
+    summary="Build the SM120 CUTLASS fused-MoE JIT module with -DCUTLASS_ENABLE_GDC_FOR_SM100=1",
+    why=(
+        "Without the GDC define the PDL barriers of the SM120 CUTLASS grouped GEMMs compile to "
+        "no-ops: random illegal-instruction crashes / corrupt MoE output on SM12x under load. "
+        "Fixed in 0.6.8 by PR #2913 (same bug class as #2708)."
+    ),
+    refs=("flashinfer-ai/flashinfer#2913", "flashinfer-ai/flashinfer#2708"),
+    fixed_in="0.6.8",
+    rewrites=(
+        # 0.6.3 and 0.6.7.postN carry the bug; from 0.6.8 the transform only confirms the flag.
+        Rewrite("flashinfer/jit/fused_moe.py", ">=0.6.3,<0.7.3", enable_gdc),
+    ),
+)

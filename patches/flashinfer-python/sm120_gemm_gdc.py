@@ -1,0 +1,155 @@
+"""Compile the SM120 CUTLASS GEMM JIT modules with the GDC barriers turned on.
+
+The "FlashInfer CUTLASS race condition" (issue #2708): the SM120 FP4 GEMM and the SM120
+FP8 groupwise GEMM are launched with programmatic dependent launch (enablePDL=true), but
+their JIT modules are built without -DCUTLASS_ENABLE_GDC_FOR_SM100, so CUTLASS compiles
+griddepcontrol.wait / launch_dependents to nothing and a GEMM may read its input before the
+previous kernel has written it: NaN/garbage 128-row tiles under concurrency (GLM-5 NVFP4,
+TP8, >= 64 requests; "probability tensor contains inf/nan").
+
+Upstream fixed it in 0.6.7 (PR #2780, the re-landing of the reverted #2716) with the SM100
+flag alone: CUTLASS's grid_dependency_control.h enables GDC for the whole SM10x/SM12x
+family on that flag, and -DCUTLASS_ENABLE_GDC_FOR_SM90 must NOT be added (it makes the
+SM120 kernels call a scheduler method that does not exist: #2716 broke the AOT build).
+
+The rewrite touches only fp4_gemm_cutlass_sm120 and gemm_sm120, whose nvcc targets are
+restricted to major 12 (supported_major_versions=[12]; checked, else anchor-missing), so
+no other GPU's build changes. flashinfer 0.6.3 writes a module's build.ninja only when it
+is missing, so the modules' JIT cache directories must be removed for the flag to take
+effect (the engine's job).
+"""
+
+from __future__ import annotations
+
+from sm120kit.patching.cst_tools import carries, cst, find_functions, iter_nodes, marker_line
+from sm120kit.patching.spec import (
+    AlreadyApplied,
+    AnchorMissing,
+    FixedUpstream,
+    Patch,
+    Rewrite,
+    Rewritten,
+)
+
+FLAG = "-DCUTLASS_ENABLE_GDC_FOR_SM100=1"
+# JIT generator -> module name: the SM120-only CUTLASS GEMMs launched with PDL.
+FUNCTIONS = {
+    "gen_gemm_sm120_module_cutlass_fp4": "fp4_gemm_cutlass_sm120",
+    "gen_gemm_sm120_module": "gemm_sm120",
+}
+
+
+def _has_string(node: cst.CSTNode, value: str) -> bool:
+    return any(isinstance(n, cst.SimpleString) and n.evaluated_value == value for n in iter_nodes(node))
+
+
+def _callee(call: cst.Call) -> str | None:
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    return func.value if isinstance(func, cst.Name) else None
+
+
+def _sm12x_only(function: cst.FunctionDef) -> bool:
+    """`get_nvcc_flags_list(supported_major_versions=[12])`: nvcc targets of major 12 alone."""
+    for node in iter_nodes(function):
+        if isinstance(node, cst.Call) and _callee(node) == "get_nvcc_flags_list":
+            for arg in node.args:
+                if arg.keyword is not None and arg.keyword.value == "supported_major_versions":
+                    value = arg.value
+                    return (
+                        isinstance(value, cst.List)
+                        and len(value.elements) > 0
+                        and all(isinstance(e.value, cst.Integer) and e.value.evaluated_value == 12 for e in value.elements)
+                    )
+    return False
+
+
+def _state(function: cst.FunctionDef, ctx) -> str:
+    """ours | upstream | needed"""
+    for stmt in function.body.body:
+        if _has_string(stmt, FLAG):
+            return "ours" if carries(stmt, f"# sm120kit: {ctx.patch_id} r") else "upstream"
+    return "needed"
+
+
+def _appended(items: cst.List, value: cst.BaseExpression) -> cst.List:
+    """`items` with `value` as a new last element, laid out like the others."""
+    elements = list(items.elements)
+    last = elements[-1]
+    new = cst.Element(value)
+    if len(elements) >= 2 and isinstance(last.comma, cst.Comma) and isinstance(elements[-2].comma, cst.Comma):
+        # One element per line, trailing comma: the old last takes the inner separator,
+        # the new last takes the closing one.
+        return items.with_changes(elements=[*elements[:-1], last.with_changes(comma=elements[-2].comma), new.with_changes(comma=last.comma)])
+    return items.with_changes(elements=[*elements[:-1], last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), new])
+
+
+def _with_flag(function: cst.FunctionDef, module_name: str, ctx) -> cst.FunctionDef | None:
+    """`return gen_jit_spec("<module>", ..., extra_cuda_cflags=X, ...)`: FLAG joins X's list, or X + [FLAG]."""
+    for stmt in function.body.body:
+        if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Return)):
+            continue
+        call = stmt.body[0].value
+        if not (isinstance(call, cst.Call) and _callee(call) == "gen_jit_spec" and call.args):
+            continue
+        name = call.args[0].value
+        if not (isinstance(name, cst.SimpleString) and name.evaluated_value == module_name):
+            continue
+        flags = [a for a in call.args if a.keyword is not None and a.keyword.value == "extra_cuda_cflags"]
+        if len(flags) != 1:
+            return None
+        arg = flags[0]
+        flag = cst.SimpleString(f'"{FLAG}"')
+        value = arg.value
+        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add) and isinstance(value.right, cst.List) and value.right.elements:
+            added = value.with_changes(right=_appended(value.right, flag))  # `nvcc_flags + [..., FLAG]`
+        else:
+            added = cst.BinaryOperation(left=value, operator=cst.Add(), right=cst.List([cst.Element(flag)]))
+        new_call = call.with_changes(args=[a if a is not arg else arg.with_changes(value=added) for a in call.args])
+        new_stmt = stmt.with_changes(
+            body=[stmt.body[0].with_changes(value=new_call)],
+            leading_lines=[*stmt.leading_lines, marker_line(f"{ctx.marker}: PDL barriers on (upstream 0.6.7, PR #2780)")],
+        )
+        return function.deep_replace(stmt, new_stmt)
+    return None
+
+
+def enable_gdc(module: cst.Module, ctx):
+    states = {}
+    for name, module_name in FUNCTIONS.items():
+        found = find_functions(module, [name])
+        if len(found) != 1:
+            return AnchorMissing(f"expected one function {name}, found {len(found)}")
+        function, put = found[0]
+        states[name] = _state(function, ctx)
+        if states[name] == "needed":
+            if not _sm12x_only(function):
+                return AnchorMissing(f"{name} is not restricted to supported_major_versions=[12]")
+            new = _with_flag(function, module_name, ctx)
+            if new is None:
+                return AnchorMissing(f'no `return gen_jit_spec("{module_name}", ..., extra_cuda_cflags=...)` in {name}')
+            module = put(new)
+    if "needed" in states.values():
+        return Rewritten(module)
+    if "ours" in states.values():
+        return AlreadyApplied()
+    return FixedUpstream(f"{' and '.join(FUNCTIONS.values())} are built with {FLAG}")
+
+
+PATCH = Patch(
+    id="flashinfer-sm120-gemm-gdc",
+    package="flashinfer-python",
+    summary="Build the SM120 CUTLASS FP4/FP8 GEMM JIT modules with -DCUTLASS_ENABLE_GDC_FOR_SM100=1",
+    why=(
+        "Without the GDC define the PDL barriers of the SM120 CUTLASS GEMMs compile to no-ops: "
+        "NaN/garbage output tiles under concurrency (issue #2708). Fixed in 0.6.7 by PR #2780, "
+        "the SM100-flag-only re-landing of #2716."
+    ),
+    refs=("flashinfer-ai/flashinfer#2708", "flashinfer-ai/flashinfer#2716", "flashinfer-ai/flashinfer#2780"),
+    fixed_in="0.6.7",
+    rewrites=(
+        # 0.6.3 carries the bug; from 0.6.7 the transform only confirms the upstream flag.
+        Rewrite("flashinfer/jit/gemm/core.py", ">=0.6.3,<0.7.3", enable_gdc),
+    ),
+)

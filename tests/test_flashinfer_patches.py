@@ -1,0 +1,392 @@
+"""The flashinfer-python SM120 patches on the real code of every flashinfer release that
+sglang 0.5.9-0.5.23 pins: before/after source, no-op cases, unknown shapes, and the
+patched code executed (arch suffix, nvcc flags) with a faked GPU and toolkit."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+import sys
+import textwrap
+import types
+import zipfile
+
+import fetch_wheels
+import libcst as cst
+import pytest
+from conftest import WINDOW
+from packaging.version import Version
+
+from sm120kit.patching.engine import _transform
+from sm120kit.patching.registry import load_patches
+from sm120kit.patching.spec import Outcome
+
+# sglang release -> the flashinfer-python it pins (Requires-Dist in the wheel's METADATA).
+PINS = {
+    "0.5.9": "0.6.3", "0.5.10": "0.6.7.post2", "0.5.10.post1": "0.6.7.post3", "0.5.11": "0.6.8.post1",
+    "0.5.12": "0.6.11.post1", "0.5.12.post1": "0.6.11.post1", "0.5.13": "0.6.12", "0.5.13.post1": "0.6.12",
+    "0.5.14": "0.6.12", "0.5.15": "0.6.12", "0.5.15.post1": "0.6.12", "0.5.16": "0.6.14",
+    "0.5.17": "0.6.15.post1", "0.5.18": "0.6.17", "0.5.19": "0.6.18", "0.5.20": "0.6.18", "0.5.21": "0.6.18",
+    "0.5.22": "0.7.1", "0.5.23": "0.7.2",
+}  # fmt: skip
+FLASHINFER = sorted(set(PINS.values()), key=Version)
+
+PATCHES = {p.id: p for p in load_patches() if p.package == "flashinfer-python"}
+ARCH = PATCHES["flashinfer-sm120-arch-suffix"]
+GEMM = PATCHES["flashinfer-sm120-gemm-gdc"]
+MOE = PATCHES["flashinfer-sm120-fused-moe-gdc"]
+GDC = "-DCUTLASS_ENABLE_GDC_FOR_SM100=1"
+GDC_SM90 = "-DCUTLASS_ENABLE_GDC_FOR_SM90=1"
+# The SM120-only functions each GDC patch may change; every other function keeps its AST.
+SM120_FUNCTIONS = {
+    GEMM.id: {"gen_gemm_sm120_module_cutlass_fp4", "gen_gemm_sm120_module"},
+    MOE.id: {"gen_cutlass_fused_moe_sm120_module"},
+}
+
+
+def buggy(patch) -> list[str]:
+    return [v for v in FLASHINFER if Version(v) < Version(patch.fixed_in)]
+
+
+def fixed(patch) -> list[str]:
+    return [v for v in FLASHINFER if Version(v) >= Version(patch.fixed_in)]
+
+
+def cases(select) -> list:
+    return [pytest.param(p, v, id=f"{p.id}-{v}") for p in PATCHES.values() for v in select(p)]
+
+
+@functools.lru_cache(maxsize=None)
+def wheel_file(version: str, relpath: str) -> bytes:
+    with zipfile.ZipFile(fetch_wheels.fetch("flashinfer-python", version)) as zf:
+        return zf.read(relpath)
+
+
+def run(patch, version: str, source: bytes | None = None):
+    [rewrite] = patch.rewrites_for(version)
+    source = wheel_file(version, rewrite.path) if source is None else source
+    after, [finding] = _transform(source, [(patch, rewrite)], version, rewrite.path)
+    return source, after, finding
+
+
+@functools.lru_cache(maxsize=None)
+def patched(patch_id: str, version: str) -> bytes:
+    return run(PATCHES[patch_id], version)[1]
+
+
+def without_markers(source: bytes) -> bytes:
+    return b"".join(line for line in source.splitlines(keepends=True) if b"# sm120kit: " not in line)
+
+
+def functions(source: bytes) -> dict[str, str]:
+    """Every top-level function, by name, as an AST dump (formatting-blind)."""
+    return {n.name: ast.dump(n) for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+
+
+# -- the pin table and the window ------------------------------------------------------
+
+
+def test_pins_are_what_the_sglang_wheels_require():
+    assert tuple(PINS) == WINDOW
+    for sglang, pinned in PINS.items():
+        with zipfile.ZipFile(fetch_wheels.fetch("sglang", sglang)) as zf:
+            metadata = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+        [required] = re.findall(r"^Requires-Dist: flashinfer[-_]python(?:\[[^\]]*\])?==(\S+)", metadata, re.M)
+        assert required == pinned, sglang
+
+
+def test_every_pinned_release_is_covered_and_settled():
+    """Each patch is proven on every pinned flashinfer: it applies below its fix release
+    and finds the fix in the code from it on."""
+    for patch in PATCHES.values():
+        assert patch.package == "flashinfer-python" and patch.fixed_in
+        assert buggy(patch) and fixed(patch), patch.id
+        for version in FLASHINFER:
+            assert len(patch.rewrites_for(version)) == 1, (patch.id, version)
+
+
+# -- before / after on every release that needs the patch --------------------------------
+
+
+@pytest.mark.parametrize("patch, version", cases(buggy))
+def test_rewrites_the_release(patch, version):
+    before, after, finding = run(patch, version)
+    assert finding.outcome is Outcome.WOULD_APPLY, finding.detail
+    compile(after, "patched.py", "exec")
+    old, new = before.decode().splitlines(), after.decode().splitlines()
+    added = [line for line in new if line not in old]
+    removed = [line for line in old if line not in new]
+    markers = [line for line in added if f"# sm120kit: {patch.id} r{patch.revision}" in line]
+    if patch is ARCH:
+        assert not removed and len(markers) == 1
+        assert 'if major == 12 and minor == "0a":' in [line.strip() for line in added]
+        assert 'minor = "0f"' in [line.strip() for line in added]
+    else:
+        # Each SM120 function gains a marker and the flag, nothing else; the SM90 define
+        # (which breaks SM120 builds) is never added.
+        assert len(markers) == len(SM120_FUNCTIONS[patch.id])
+        assert all(GDC in line for line in added if line not in markers) and GDC_SM90 not in after.decode()
+        assert len(removed) <= 1  # gemm_sm120's `extra_cuda_cflags=nvcc_flags,` is rewritten in place
+        changed = {k for k, v in functions(after).items() if functions(before).get(k) != v}
+        assert changed == SM120_FUNCTIONS[patch.id]
+
+
+@pytest.mark.parametrize("patch, version", cases(buggy))
+def test_second_pass_is_a_no_op(patch, version):
+    after = patched(patch.id, version)
+    again, again_after, finding = run(patch, version, after)
+    assert finding.outcome is Outcome.ALREADY_APPLIED and again_after == again
+
+
+# -- fixed upstream ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("patch, version", cases(fixed))
+def test_fixed_upstream_is_detected_from_the_code(patch, version):
+    before, after, finding = run(patch, version)
+    assert finding.outcome is Outcome.FIXED_UPSTREAM, finding.detail
+    assert f"fixed upstream in {patch.fixed_in}" in finding.detail
+    assert after == before
+
+
+@pytest.mark.parametrize("patch", [GEMM, MOE], ids=lambda p: p.id)
+def test_gdc_fixed_upstream_comes_from_the_code_not_the_version(patch):
+    """Upstream's fix has exactly the patched shape; without our marker it is upstream's."""
+    version = buggy(patch)[0]
+    edited = without_markers(patched(patch.id, version))
+    _, after, finding = run(patch, version, edited)
+    assert finding.outcome is Outcome.FIXED_UPSTREAM and after == edited
+
+
+def test_gemm_gdc_completes_a_half_fixed_file():
+    """gemm_sm120 already has the flag (no marker): only fp4_gemm_cutlass_sm120 changes."""
+    anchor = b"        extra_cuda_cflags=nvcc_flags,\n    )\n\n\ndef gen_trtllm_gen_gemm_module()"
+    before = wheel_file("0.6.3", GEMM.rewrites[0].path)
+    assert before.count(anchor) == 1
+    edited = before.replace(anchor, anchor.replace(b"nvcc_flags,", b'nvcc_flags + ["' + GDC.encode() + b'"],'))
+    _, after, finding = run(GEMM, "0.6.3", edited)
+    assert finding.outcome is Outcome.WOULD_APPLY
+    assert after.decode().count(f"# sm120kit: {GEMM.id}") == 1
+    assert after.count(GDC.encode()) == before.count(GDC.encode()) + 2  # the tgv module had it already
+    assert {k for k, v in functions(after).items() if functions(edited)[k] != v} == {"gen_gemm_sm120_module_cutlass_fp4"}
+    assert run(GEMM, "0.6.3", after)[2].outcome is Outcome.ALREADY_APPLIED
+
+
+# -- unknown shapes ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "patch, version, old, new",
+    [
+        pytest.param(ARCH, "0.6.3", b"if major >= 9:", b"if major >= 8:", id="arch-rule-changed"),
+        pytest.param(ARCH, "0.6.3", b"class CompilationContext:", b"class BuildContext:", id="arch-class-renamed"),
+        pytest.param(ARCH, "0.6.7.post2", b'return (major, "0f")', b'return (major, "0a")', id="arch-normalizer-without-120f"),
+        pytest.param(GEMM, "0.6.3", b"def gen_gemm_sm120_module()", b"def gen_gemm_sm12x_module()", id="gemm-generator-renamed"),
+        pytest.param(GEMM, "0.6.3", b'"fp4_gemm_cutlass_sm120",', b'"fp4_gemm_cutlass_sm12x",', id="gemm-module-renamed"),
+        pytest.param(GEMM, "0.6.3", b"supported_major_versions=[12]\n    )\n    return gen_jit_spec(\n        \"fp4",
+                     b"supported_major_versions=[10, 12]\n    )\n    return gen_jit_spec(\n        \"fp4", id="gemm-not-sm12x-only"),
+        pytest.param(MOE, "0.6.3", b"def gen_cutlass_fused_moe_sm120_module(", b"def gen_cutlass_fused_moe_sm12x_module(", id="moe-generator-renamed"),
+        pytest.param(MOE, "0.6.7.post3", b"supported_major_versions=[12]", b"supported_major_versions=[10, 12]", id="moe-not-sm12x-only"),
+        pytest.param(MOE, "0.6.3", b"    nvcc_flags = [\n        \"-DCOMPILE_BLACKWELL_TMA_GEMMS\",\n        \"-DCOMPILE_BLACKWELL_SM120",
+                     b"    flags = [\n        \"-DCOMPILE_BLACKWELL_TMA_GEMMS\",\n        \"-DCOMPILE_BLACKWELL_SM120", id="moe-flags-renamed"),
+    ],
+)  # fmt: skip
+def test_unknown_shape_is_anchor_missing(patch, version, old, new):
+    before = wheel_file(version, patch.rewrites[0].path)
+    assert before.count(old) == 1
+    edited = before.replace(old, new)
+    _, after, finding = run(patch, version, edited)
+    assert finding.outcome is Outcome.ANCHOR_MISSING, finding.detail
+    assert after == edited
+
+
+# -- the patched code, executed ----------------------------------------------------------
+
+
+def load_context(source: bytes, monkeypatch, capabilities, cuda):
+    """Run compilation_context.py against a fake torch (these GPUs) and a fake toolkit
+    (`cuda`: a version string, or an exception that the version query raises)."""
+
+    def at_least(version: str) -> bool:
+        if isinstance(cuda, Exception):
+            raise cuda
+        return Version(cuda) >= Version(version)
+
+    torch = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(device_count=lambda: len(capabilities), get_device_capability=lambda i: capabilities[i])
+    )
+    cpp_ext = types.ModuleType("flashinfer.jit.cpp_ext")
+    cpp_ext.is_cuda_version_at_least = at_least
+    for name, module in (("torch", torch), ("flashinfer", types.ModuleType("flashinfer")),
+                         ("flashinfer.jit", types.ModuleType("flashinfer.jit")), ("flashinfer.jit.cpp_ext", cpp_ext)):  # fmt: skip
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.delenv("FLASHINFER_CUDA_ARCH_LIST", raising=False)
+    scope: dict = {"__name__": "compilation_context"}
+    exec(compile(source, "compilation_context.py", "exec"), scope)
+    return scope["CompilationContext"]
+
+
+CAPABILITIES = [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (11, 0), (12, 0), (12, 1)]
+
+
+@pytest.mark.parametrize("cuda", ["12.8", "12.9", "13.0"])
+def test_arch_suffix_matches_upstream(cuda, monkeypatch):
+    """Patched 0.6.3 targets what the newest pinned release targets on every GPU (where
+    that one does not refuse the toolkit); unpatched 0.6.3 gives SM 12.0 compute_120a."""
+    before = wheel_file("0.6.3", ARCH.rewrites[0].path)
+    after = patched(ARCH.id, "0.6.3")
+    upstream = load_context(wheel_file("0.7.2", ARCH.rewrites[0].path), monkeypatch, [], cuda)
+    for major, minor in CAPABILITIES:
+        old = load_context(before, monkeypatch, [(major, minor)], cuda)().TARGET_CUDA_ARCHS
+        new = load_context(after, monkeypatch, [(major, minor)], cuda)().TARGET_CUDA_ARCHS
+        try:
+            want = upstream._normalize_cuda_arch(major, minor)
+        except RuntimeError:  # 0.7.2 refuses SM 12.1 below CUDA 12.9; 0.6.3 keeps 121a
+            want = (major, f"{minor}a")
+        assert new == {want}, (major, minor, cuda)
+        if (major, minor) != (12, 0) or cuda == "12.8":
+            assert new == old, (major, minor, cuda)  # every other GPU keeps 0.6.3's answer
+        else:
+            assert old == {(12, "0a")} and new == {(12, "0f")}
+
+
+def test_arch_suffix_reaches_nvcc_and_survives_an_unknown_toolkit(monkeypatch):
+    after = patched(ARCH.id, "0.6.3")
+    context = load_context(after, monkeypatch, [(12, 0), (12, 0)], "13.0")()
+    flags = context.get_nvcc_flags_list(supported_major_versions=[12])
+    assert flags[0] == "-gencode=arch=compute_120f,code=sm_120f" and len(flags) == 3
+    with pytest.raises(RuntimeError):  # an SM12x-only module still refuses a non-SM12x GPU
+        load_context(after, monkeypatch, [(9, 0)], "13.0")().get_nvcc_flags_list(supported_major_versions=[12])
+    # No answer from nvcc or torch: keep upstream's compute_120a, keep the other GPUs.
+    context = load_context(after, monkeypatch, [(12, 0), (9, 0)], RuntimeError("nvcc not found"))()
+    assert context.TARGET_CUDA_ARCHS == {(12, "0a"), (9, "0a")}
+
+
+@pytest.mark.parametrize(
+    "patch_it, toolkit, workspace", [(True, "13.0", "120f"), (True, "12.8", "120a"), (False, "13.0", "120a")]
+)
+def test_jit_workspace_of_the_real_modules(patch_it, toolkit, workspace, tmp_path, monkeypatch):
+    """Import 0.6.3's real jit/env.py (with its import cycle through cpp_ext, as the patched
+    __init__ now has) on a faked SM 12.0 GPU and nvcc: the JIT workspace follows the arch."""
+    site = tmp_path / "site"
+    files = ["flashinfer/version.py", "flashinfer/_build_meta.py", "flashinfer/jit/env.py", "flashinfer/jit/cpp_ext.py"]
+    for relpath in files + [ARCH.rewrites[0].path]:
+        (site / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (site / relpath).write_bytes(wheel_file("0.6.3", relpath))
+    if patch_it:
+        (site / ARCH.rewrites[0].path).write_bytes(patched(ARCH.id, "0.6.3"))
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {toolkit}, V{toolkit}.0'\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "home"))
+    monkeypatch.delenv("FLASHINFER_CUDA_ARCH_LIST", raising=False)
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(device_count=lambda: 1, get_device_capability=lambda i: (12, 0))
+    torch.version = types.SimpleNamespace(cuda=toolkit)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "tvm_ffi", types.ModuleType("tvm_ffi"))
+    for name in [n for n in sys.modules if n == "flashinfer" or n.startswith("flashinfer.")]:
+        monkeypatch.delitem(sys.modules, name)
+    for name, path in (("flashinfer", site / "flashinfer"), ("flashinfer.jit", site / "flashinfer" / "jit")):
+        package = types.ModuleType(name)  # the real packages' __init__ would import all of flashinfer
+        package.__path__ = [str(path)]
+        monkeypatch.setitem(sys.modules, name, package)
+    try:
+        import flashinfer.jit.env as env
+
+        assert env.FLASHINFER_WORKSPACE_DIR == tmp_path / "home" / ".cache" / "flashinfer" / "0.6.3" / workspace
+        assert env.FLASHINFER_JIT_DIR == env.FLASHINFER_WORKSPACE_DIR / "cached_ops"
+    finally:
+        for name in [n for n in sys.modules if n.startswith("flashinfer.")]:
+            del sys.modules[name]
+
+
+def extract(source: bytes, name: str) -> str:
+    node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    return textwrap.dedent(ast.get_source_segment(source.decode(), node))
+
+
+GENCODE = "-gencode=arch=compute_120f,code=sm_120f"
+
+
+def moe_flags(source: bytes) -> list[str]:
+    def nvcc_flags(supported_major_versions):
+        assert supported_major_versions == [12]
+        return [GENCODE]
+
+    scope = {
+        "JitSpec": object,
+        "current_compilation_context": types.SimpleNamespace(get_nvcc_flags_list=nvcc_flags),
+        "gen_cutlass_fused_moe_module": lambda flags, arch, fast: (flags, arch),
+    }
+    exec(extract(source, "gen_cutlass_fused_moe_sm120_module"), scope)
+    flags, arch = scope["gen_cutlass_fused_moe_sm120_module"]()
+    assert arch == "120"
+    return flags
+
+
+@pytest.mark.parametrize("version", buggy(MOE))
+def test_fused_moe_module_gets_the_flag(version):
+    before = wheel_file(version, MOE.rewrites[0].path)
+    old, new = moe_flags(before), moe_flags(patched(MOE.id, version))
+    assert GDC not in old
+    assert new == [*old[:-1], GDC, GENCODE]  # appended to the static flags, before the arch flags
+    # The same flag set upstream ships in the first fixed release.
+    assert set(new) == set(moe_flags(wheel_file(fixed(MOE)[0], MOE.rewrites[0].path)))
+
+
+def jit_cuda_flags(source: bytes, function: str) -> list[str]:
+    """The extra_cuda_cflags that `function` hands to gen_jit_spec, with nvcc_flags faked."""
+    node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == function)
+    [call] = [n for n in ast.walk(node) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "gen_jit_spec"]
+    [value] = [k.value for k in call.keywords if k.arg == "extra_cuda_cflags"]
+    return eval(compile(ast.Expression(value), "flags", "eval"), {"nvcc_flags": [GENCODE]})
+
+
+@pytest.mark.parametrize("version", buggy(GEMM))
+@pytest.mark.parametrize("function", sorted(SM120_FUNCTIONS[GEMM.id]))
+def test_sm120_gemm_modules_get_the_flag(version, function):
+    before = wheel_file(version, GEMM.rewrites[0].path)
+    old, new = jit_cuda_flags(before, function), jit_cuda_flags(patched(GEMM.id, version), function)
+    assert GDC not in old and new == [*old, GDC]
+    assert new == jit_cuda_flags(wheel_file(fixed(GEMM)[0], GEMM.rewrites[0].path), function)
+
+
+# -- through the engine and the CLI ------------------------------------------------------
+
+
+def test_patch_and_unpatch_an_installed_release(cli, site, tmp_path, monkeypatch):
+    """All three through the CLI on an installed 0.6.3; the JIT cache built from the old
+    sources (~/.cache/flashinfer/0.6.3/<archs>/, here under a fake home) goes each time."""
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "home"))
+    jit = tmp_path / "home" / ".cache" / "flashinfer" / "0.6.3" / "120a" / "cached_ops" / "fused_moe_120"
+    other = tmp_path / "home" / ".cache" / "flashinfer" / "0.6.12" / "120f" / "cached_ops" / "fused_moe_120"
+    paths = sorted({p.rewrites[0].path for p in PATCHES.values()})
+    fetch_wheels.install(site, "flashinfer-python", "0.6.3", paths)
+    only = [arg for pid in PATCHES for arg in ("--only", pid)]
+    code, doc = cli.json("status", "--site", site, *only)
+    assert code == 1 and {r["outcome"] for r in doc["results"]} == {"would-apply"}
+    for d in (jit, other):
+        d.mkdir(parents=True)
+        (d / "build.ninja").write_text("stale")
+    assert cli("patch", "--site", site, *only)[0] == 0
+    assert not jit.parent.parent.exists() and other.exists()
+    for path in paths:
+        assert (site / path).read_bytes() != wheel_file("0.6.3", path)
+        compile((site / path).read_bytes(), path, "exec")
+    code, doc = cli.json("status", "--site", site, *only)
+    assert code == 0 and {r["outcome"] for r in doc["results"]} == {"already-applied"}
+    jit.mkdir(parents=True)
+    assert cli("unpatch", "--site", site, *only)[0] == 0
+    assert not jit.parent.parent.exists() and other.exists()
+    for path in paths:
+        assert (site / path).read_bytes() == wheel_file("0.6.3", path)
+
+
+def test_patched_files_parse():
+    for patch in PATCHES.values():
+        for version in buggy(patch):
+            cst.parse_module(patched(patch.id, version))
