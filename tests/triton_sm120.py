@@ -13,6 +13,7 @@ import ast
 import hashlib
 import importlib.util
 import logging
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,101 +24,71 @@ from triton.backends.compiler import BaseBackend, GPUTarget
 from triton.compiler import ASTSource
 
 try:  # the specializer the JIT uses at launch (Triton >= 3.6)
-    from triton._C.libtriton import native_specialize_impl as _native
-except ImportError:  # Triton 3.5: the same rules, in Python
+    from triton._C.libtriton import native_specialize_impl
+except ImportError:  # Triton 3.5 has the same rules in Python
     from triton.runtime.jit import create_specialize_impl
 
-    _py = create_specialize_impl(BaseBackend.get_arg_specialization)
-
-    def _native(backend, arg, is_const, specialize, align):
-        return _py(arg, is_const, specialize, align)
-
+    _specialize = create_specialize_impl(BaseBackend.get_arg_specialization)
+    native_specialize_impl = lambda backend, *args: _specialize(*args)  # noqa: E731
 
 SM120_SMEM_OPTIN = 101376  # cudaDevAttrMaxSharedMemoryPerBlockOptin, RTX PRO 6000 / RTX 50xx
-SMEM_OPTIN = {12: SM120_SMEM_OPTIN, 10: 232448, 9: 232448}  # by CUDA capability major
-# The selection helpers the loader keeps (with the module functions they call); a name a
-# file lacks is ignored.
-HELPERS = ("_get_block_sizes_for_extend_attention", "context_attention_fwd", "get_default_config",
-           "should_enable_swap_ab")  # fmt: skip
+SMEM_OPTIN = {(8, 0): 166912, (9, 0): 232448, (10, 0): 232448, (12, 0): SM120_SMEM_OPTIN}
+# The config selectors the loader keeps, with the plain module functions they call; names
+# a file lacks are ignored.
+HELPERS = ("_get_block_sizes_for_extend_attention", "_get_num_stages_for_extend_attention",
+           "context_attention_fwd", "get_default_config", "should_enable_swap_ab")  # fmt: skip
 
 
 @dataclass(frozen=True)
-class Dtype:
-    """torch.dtype stand-in: Triton reads str(dtype) ("torch.bfloat16"); sglang compares them."""
-
+class Dtype:  # torch.dtype stand-in: Triton reads str(dtype); sglang compares dtypes
     name: str
     itemsize: int
 
     def __str__(self) -> str:
         return f"torch.{self.name}"
 
-    @property
-    def is_floating_point(self) -> bool:
-        return self.name.startswith(("float", "bfloat"))
-
 
 DTYPES = {d.name: d for d in (Dtype("float32", 4), Dtype("float16", 2), Dtype("bfloat16", 2),
                               Dtype("float8_e4m3fn", 1), Dtype("int32", 4), Dtype("int64", 8))}  # fmt: skip
 
 
-@dataclass
 class FakeTensor:
-    """A contiguous torch.Tensor as far as launchers and the specializer look at one."""
+    """A contiguous tensor as launchers and the specializer see it (16-byte aligned, like
+    every torch allocation)."""
 
-    shape: tuple
-    dtype: Dtype | str = "bfloat16"
-    ptr: int = 1 << 20  # 16-byte aligned, like every torch allocation
+    def __init__(self, shape, dtype: str = "bfloat16"):
+        self.shape, self.ndim, self.dtype = tuple(shape), len(shape), DTYPES[dtype]
 
-    def __post_init__(self):
-        self.shape = tuple(self.shape)
-        self.dtype = DTYPES[self.dtype] if isinstance(self.dtype, str) else self.dtype
-        self.ndim = len(self.shape)
+    def __repr__(self) -> str:
+        return f"FakeTensor({self.shape}, {self.dtype.name})"
 
     def stride(self, dim: int | None = None):
-        strides = tuple(_prod(self.shape[i + 1 :]) for i in range(self.ndim))
+        strides = tuple(math.prod(self.shape[i + 1 :]) for i in range(self.ndim))
         return strides if dim is None else strides[dim]
 
     def element_size(self) -> int:
         return self.dtype.itemsize
 
     def data_ptr(self) -> int:
-        return self.ptr
-
-    def dim(self) -> int:
-        return self.ndim
-
-    def numel(self) -> int:
-        return _prod(self.shape)
-
-
-def _prod(xs) -> int:
-    n = 1
-    for x in xs:
-        n *= x
-    return n
-
-
-def _fake_torch(major: int, minor: int) -> SimpleNamespace:
-    props = SimpleNamespace(major=major, minor=minor, name=f"fake sm_{major}{minor}",
-                            shared_memory_per_block_optin=SMEM_OPTIN.get(major, 101376))  # fmt: skip
-    cuda = SimpleNamespace(is_available=lambda: True, current_device=lambda: 0,
-                           get_device_capability=lambda device=None: (major, minor),
-                           get_device_properties=lambda device=None: props)  # fmt: skip
-    return SimpleNamespace(cuda=cuda, Tensor=FakeTensor, dtype=Dtype, **DTYPES)
+        return 1 << 20
 
 
 def set_gpu(module: ModuleType, capability: tuple[int, int] = (12, 0)) -> ModuleType:
-    """Give the module the globals sglang computes at import (and the sglang.srt.utils
-    functions it imports), as they would be on a CUDA GPU of this capability."""
+    """Set the globals sglang computes at import (and the sglang / torch functions the
+    selectors call) as they are on a CUDA GPU of this capability."""
     major, minor = capability
+    props = SimpleNamespace(major=major, minor=minor, shared_memory_per_block_optin=SMEM_OPTIN.get(capability, 101376))
+    cuda = SimpleNamespace(is_available=lambda: True, current_device=lambda: 0,
+                           get_device_capability=lambda device=None: capability,
+                           get_device_properties=lambda device=None: props)  # fmt: skip
+    off = SimpleNamespace(enable_deterministic_inference=False)
     vars(module).update(
         _is_cuda=True, _is_hip=False, _is_npu=False, _is_cpu=False, _is_gfx95=False, _is_gfx1250=False,
-        _use_aiter=False, CUDA_CAPABILITY=(major, minor), torch=_fake_torch(major, minor),
-        is_cuda=lambda: True, is_hip=lambda: False, get_device_capability=lambda *a, **k: (major, minor),
-        get_device_sm=lambda: major * 10 + minor, is_sm90_supported=lambda *a: major == 9,
-        is_sm100_supported=lambda *a: major == 10, is_sm120_supported=lambda *a: major == 12,
-        is_batch_invariant_mode_enabled=lambda: False,
-        get_global_server_args=lambda: SimpleNamespace(enable_deterministic_inference=False),
+        _use_aiter=False, CUDA_CAPABILITY=capability, torch=SimpleNamespace(cuda=cuda, Tensor=FakeTensor, **DTYPES),
+        is_cuda=lambda: True, is_hip=lambda: False, get_device_capability=lambda *a, **k: capability,
+        is_sm90_supported=lambda *a: major == 9, is_sm100_supported=lambda *a: major == 10,
+        is_sm120_supported=lambda *a: major == 12, is_batch_invariant_mode_enabled=lambda: False,
+        get_global_server_args=lambda: off, get_exec=lambda: SimpleNamespace(deterministic=off),
         logger=logging.getLogger(module.__name__),
     )  # fmt: skip
     return module
@@ -153,8 +124,8 @@ def load_kernels(source: bytes, tmpdir: Path, helpers=HELPERS) -> ModuleType:
         if isinstance(node, ast.FunctionDef) and (node.name in wanted or any(map(_is_jit, node.decorator_list))):
             blank.update(n for d in node.decorator_list if not _is_jit(d) for n in range(d.lineno, d.end_lineno + 1))
             continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            roots = {(a.name if isinstance(node, ast.Import) else node.module or "").split(".")[0] for a in node.names}
+        if isinstance(node, ast.Import) or isinstance(node, ast.ImportFrom) and not node.level:
+            roots = {(node.module if isinstance(node, ast.ImportFrom) else a.name).split(".")[0] for a in node.names}
             if roots <= set(sys.stdlib_module_names) | {"triton", "__future__"}:
                 continue
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _is_literal(node.value):
@@ -202,17 +173,11 @@ def capture_launch(module: ModuleType, kernel_name: str, entry: str, *args, **kw
     finally:
         setattr(module, kernel_name, kernel)
     assert len(calls) == 1, f"{entry} launched {kernel_name} {len(calls)} times"
-    grid, a, kw = calls[0]
+    grid, positional, keywords = calls[0]
     names = [p.name for p in kernel.params]
-    launch = Launch(kernel, dict(zip(names, a)), grid=grid)
-    for key, value in kw.items():
-        if key in names:
-            launch.args[key] = value
-        elif key in ("num_warps", "num_stages"):
-            setattr(launch, key, value)
-        else:
-            launch.options[key] = value
-    return launch
+    args = {**dict(zip(names, positional)), **{k: v for k, v in keywords.items() if k in names}}
+    options = {k: v for k, v in keywords.items() if k not in names}  # num_warps, num_stages, ...
+    return Launch(kernel, args, options.pop("num_warps", 4), options.pop("num_stages", 3), options, grid)
 
 
 def compile_for(kernel, args: dict, num_warps: int, num_stages: int, arch: int = 120, **options):
@@ -227,7 +192,8 @@ def compile_for(kernel, args: dict, num_warps: int, num_stages: int, arch: int =
         if p.is_constexpr:
             signature[p.name], constexprs[p.name] = "constexpr", val
             continue
-        ty, spec = _native(BaseBackend, val, p.is_const, not p.do_not_specialize, not p.do_not_specialize_on_alignment)
+        specialize, align = not p.do_not_specialize, not p.do_not_specialize_on_alignment
+        ty, spec = native_specialize_impl(BaseBackend, val, p.is_const, specialize, align)
         signature[p.name] = ty
         if ty == "constexpr":
             constexprs[p.name] = val

@@ -13,10 +13,12 @@ from sm120kit.patching.cst_tools import carries, compares_to, cst, find_function
 from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten
 
 # context_attention_fwd: BLOCK=128 needs 163840 B at head_dim 256 (bf16) and 131072 B at
-# 128 (fp32); a padded head row of more than 256 bytes takes BLOCK=64 on SM120.
+# 128 (fp32). Shared memory grows with BLOCK x the padded head row (next_power_of_2(Lk) x
+# element size); measured on sm_120, BLOCK x row <= 32768 fits: a row of 256 B keeps 128,
+# 512 B takes 64, 1024 B (fp32 at 256) takes 32.
 CONTEXT_SM120 = """\
-if _is_cuda and CUDA_CAPABILITY[0] == 12 and triton.next_power_of_2(k.shape[-1]) * k.element_size() > 256:
-    BLOCK = 64
+if _is_cuda and CUDA_CAPABILITY[0] == 12:
+    BLOCK = max(16, min(BLOCK, 32768 // (triton.next_power_of_2(k.shape[-1]) * k.element_size())))
 """
 
 # get_default_config, fp8 per-tensor: 128x256x128 with 4 stages needs 147456 B; these are
@@ -68,7 +70,7 @@ def limit_context_attention_block(module, ctx):
     chosen = [i for i, stmt in enumerate(body) if isinstance(stmt, cst.If) and _assigns(stmt.body, "BLOCK", "128")]
     if len(chosen) != 1:
         return AnchorMissing(f"expected one `if ...: BLOCK = 128` in context_attention_fwd, found {len(chosen)}")
-    new = _marked(CONTEXT_SM120, ctx, "BLOCK=64 when a head row exceeds 256 B on SM120")
+    new = _marked(CONTEXT_SM120, ctx, "a BLOCK whose tiles fit 101376 B on SM120")
     return Rewritten(put(func.with_changes(body=insert_after(func.body, chosen[0], new))))
 
 

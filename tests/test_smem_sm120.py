@@ -1,0 +1,297 @@
+"""Proof that sglang's Triton kernel configs fit SM120's 101376 B of shared memory per block,
+with sglang-triton-smem-sm120 applied, and that they do not without it.
+
+Every figure is compiled here, on a CPU, from the release's own file (tests/triton_sm120.py):
+sglang's own selection code runs for CUDA capability (12, 0) or (9, 0), the chosen launch
+is compiled for sm_120, and `metadata.shared` (what Triton compares with the opt-in limit
+before raising OutOfResources) is checked against 101376.
+
+Releases are picked per code shape, to keep the file to a few dozen compiles on a 2-core CI:
+* extend attention: the first and last release of each file location (0.5.9, 0.5.15.post1
+  under srt/layers/attention/triton_ops/, 0.5.16, 0.5.23 under kernels/ops/attention/).
+  Its kernel changes in most releases but its tiles come from one helper, so every other
+  release is checked to select the same SM120 tiles as these compiled ones.
+* context_attention_fwd: the same four releases. Its `_fwd_kernel` is the same text in every
+  release 0.5.9-0.5.23, so the Triton cache compiles each distinct config only once.
+* fused-MoE fp8 per-tensor default: 0.5.9 (config and kernel under moe/fused_moe_triton/)
+  and 0.5.13.post1 (last release with the 128x256x128 default, moe_runner/triton_utils/) are
+  patched; 0.5.14 (first with upstream's low-smem default) and 0.5.23 (kernel under
+  kernels/ops/moe/) are only verified.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+pytest.importorskip("triton")
+
+import triton.language as tl  # noqa: E402
+import triton_sm120 as aot  # noqa: E402
+from conftest import WINDOW, wheel_bytes  # noqa: E402
+from packaging.version import Version  # noqa: E402
+
+from sm120kit.patching.engine import _transform  # noqa: E402
+from sm120kit.patching.registry import load_patches  # noqa: E402
+from sm120kit.patching.spec import Outcome  # noqa: E402
+
+LIMIT = aot.SM120_SMEM_OPTIN
+SM120, HOPPER = (12, 0), (9, 0)
+PATCH_ID = "sglang-triton-smem-sm120"
+ATTENTION_RELEASES = ("0.5.9", "0.5.15.post1", "0.5.16", "0.5.23")
+MOE_BUGGY, MOE_FIXED = ("0.5.9", "0.5.13.post1"), ("0.5.14", "0.5.23")
+MLA = (576, 512)  # absorbed MLA (DeepSeek, GLM-5)
+EXTEND_DIMS = (MLA, (256, 256), (192, 128), (128, 128))  # (Lq, Lv)
+HEAD_DIMS = (64, 80, 96, 128, 256)
+
+
+def _at_least(version: str, first: str) -> bool:
+    return Version(version) >= Version(first)
+
+
+def extend_path(v: str) -> str:
+    where = "kernels/ops/attention" if _at_least(v, "0.5.16") else "srt/layers/attention/triton_ops"
+    return f"sglang/{where}/extend_attention.py"
+
+
+def prefill_path(v: str) -> str:
+    where = "kernels/ops/attention" if _at_least(v, "0.5.16") else "srt/layers/attention/triton_ops"
+    return f"sglang/{where}/prefill_attention.py"
+
+
+def moe_config_path(v: str) -> str:
+    where = "moe_runner/triton_utils" if _at_least(v, "0.5.11") else "fused_moe_triton"
+    return f"sglang/srt/layers/moe/{where}/fused_moe_triton_config.py"
+
+
+def moe_kernels_path(v: str) -> str:
+    if _at_least(v, "0.5.16"):
+        return "sglang/kernels/ops/moe/fused_moe_triton_kernels.py"
+    return moe_config_path(v).replace("_config.py", "_kernels.py")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def triton_cache(tmp_path_factory):
+    """A fresh Triton cache for this run: every config is really compiled (once), and
+    ~/.triton stays untouched."""
+    root = tmp_path_factory.mktemp("triton")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_CACHE_DIR", str(root / "cache"))
+        mp.setenv("TRITON_HOME", str(root))
+        yield
+
+
+@pytest.fixture(scope="module")
+def load(tmp_path_factory):
+    """load(version, relpath, patched=False) -> the file's kernels and selection helpers,
+    loaded once per file (set_gpu before each use: the module's globals are shared)."""
+    tmp = tmp_path_factory.mktemp("kernels")
+
+    @functools.lru_cache(maxsize=None)
+    def load(version: str, relpath: str, patched: bool = False):
+        source = patched_bytes(version, relpath) if patched else wheel_bytes(version, relpath)
+        return aot.load_kernels(source, tmp)
+
+    return load
+
+
+@functools.lru_cache(maxsize=None)
+def smem_patch():
+    return next((p for p in load_patches() if p.id == PATCH_ID), None)
+
+
+def rewrite_file(version: str, relpath: str):
+    patch = smem_patch()
+    if patch is None:
+        pytest.skip(f"patch {PATCH_ID} not found (patches/sglang/triton_smem_sm120.py not written yet)")
+    rewrites = [r for r in patch.rewrites_for(version) if r.path == relpath]
+    assert len(rewrites) == 1, f"{PATCH_ID} has {len(rewrites)} rewrites of {relpath} for {version}"
+    before = wheel_bytes(version, relpath)
+    after, [finding] = _transform(before, [(patch, rewrites[0])], version, relpath)
+    return after, finding
+
+
+def patched_bytes(version: str, relpath: str) -> bytes:
+    after, finding = rewrite_file(version, relpath)
+    assert finding.outcome is Outcome.WOULD_APPLY, (finding.outcome, finding.detail)
+    return after
+
+
+# --- launches, with the arguments sglang's launchers pass --------------------------------
+
+
+def extend_launch(mod, lq: int, lv: int, gpu) -> aot.Launch:
+    """extend_attention_fwd's _fwd_kernel launch (bf16, causal, page size 1, no mask/sinks),
+    tiles from the release's _get_block_sizes_for_extend_attention for `gpu`."""
+    aot.set_gpu(mod, gpu)
+    dmodel, dpe, dv, block_m, block_n, num_warps = mod._get_block_sizes_for_extend_attention(lq, lv)
+    num_stages = 1  # what extend_attention_fwd passes on CUDA; 0.5.20+ ask a helper (2 on gfx95 only)
+    if hasattr(mod, "_get_num_stages_for_extend_attention"):
+        num_stages = mod._get_num_stages_for_extend_attention(lq, lv, block_n)
+    heads, kv_heads, tokens, slots = 16, (1 if (lq, lv) == MLA else 16), 4096, 65536
+    t = aot.FakeTensor
+    q, o = t((tokens, heads, lq)), t((tokens, heads, lv))
+    k, v = t((tokens, kv_heads, lq)), t((tokens, kv_heads, lv))
+    kb, vb = t((slots, kv_heads, lq)), t((slots, kv_heads, lv))
+    known = dict(
+        Q_Extend=q, K_Extend=k, V_Extend=v, O_Extend=o, LSE_Extend=None, K_Buffer=kb, V_Buffer=vb,
+        qo_indptr=t((9,), "int32"), kv_indptr=t((9,), "int32"), kv_indices=t((slots,), "int64"),
+        mask_ptr=None, mask_indptr=t((9,), "int64"), sink_ptr=None, window_kv_offset_ptr=None,
+        sm_scale=lq**-0.5, k_scale=1.0, v_scale=1.0, kv_group_num=heads // kv_heads,
+        stride_qbs=q.stride(0), stride_qh=q.stride(1), stride_kbs=k.stride(0), stride_kh=k.stride(1),
+        stride_vbs=v.stride(0), stride_vh=v.stride(1), stride_obs=o.stride(0), stride_oh=o.stride(1),
+        stride_lse_bs=0, stride_lse_h=0, stride_buf_kbs=kb.stride(0), stride_buf_kh=kb.stride(1),
+        stride_buf_vbs=vb.stride(0), stride_buf_vh=vb.stride(1), stride_buf_kpage=kb.stride(0),
+        stride_buf_ktok=kb.stride(0), stride_buf_vpage=vb.stride(0), stride_buf_vtok=vb.stride(0),
+        compact_batch_size=8, SLIDING_WINDOW_SIZE=-1, logit_cap=0.0, xai_temperature_len=-1, Lq=lq, Lv=lv,
+        BLOCK_DMODEL=dmodel, BLOCK_DPE=dpe, BLOCK_DV=dv, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_N_PREFIX=block_n,
+        USE_CUSTOM_MASK=False, IS_CAUSAL=True, SKIP_PREFIX_CUSTOM_MASK=True, STORE_LSE=False, SKIP_PREFIX=False,
+        SKIP_EXTEND=False, STORE_TRANSPOSE=False, HAS_SINK=False, USE_COMPACT_TILE_GRID=False, USE_EXP2=False,
+        USE_FP8_PREFIX=False, USE_FP8_EXTEND=False, FP8_MAX=1.0, PAGE_SIZE=1,
+    )  # fmt: skip
+    kernel = mod._fwd_kernel  # parameters it lacks are left out; one we do not know fails to compile
+    args = {p.name: known[p.name] for p in kernel.params if p.name in known}
+    return aot.Launch(kernel, args, num_warps, num_stages)
+
+
+def context_launch(mod, head_dim: int, dtype: str, gpu) -> aot.Launch:
+    """What the release's (or the patched) context_attention_fwd launches (vision-tower shape)."""
+    aot.set_gpu(mod, gpu)
+    q = aot.FakeTensor((8 * 1024, 16, head_dim), dtype)
+    lens = aot.FakeTensor((8,), "int32")
+    return aot.capture_launch(mod, "_fwd_kernel", "context_attention_fwd", q, q, q, q, lens, lens, 1024)
+
+
+def moe_config(mod, m: int, gpu, dtype="fp8_w8a8", block_shape=None, e=128) -> dict:
+    """get_default_config for an E=128, top-8 MoE (N=1408, K=4096) with m tokens."""
+    aot.set_gpu(mod, gpu)
+    return mod.get_default_config(m, e, 1408, 4096, 8, dtype, False, block_shape)
+
+
+def moe_launch(mod, config: dict, m: int, gpu, e=128, n=1408, k=4096, topk=8) -> aot.Launch:
+    """invoke_fused_moe_kernel's fused_moe_kernel launch for the w13 GEMM of an fp8 per-tensor
+    MoE (A [m, k] fp8, B [e, 2n, k] fp8, per-tensor scales), with `config`."""
+    aot.set_gpu(mod, gpu)
+    config, t = dict(config), aot.FakeTensor
+    num_warps, num_stages = config.pop("num_warps", 4), config.pop("num_stages", 3)
+    em = m * topk + e * (config["BLOCK_SIZE_M"] - 1)  # moe_align_block_size's padded length
+    a, b, c = t((m, k), "float8_e4m3fn"), t((e, 2 * n, k), "float8_e4m3fn"), t((m, topk, 2 * n))
+    known = dict(
+        a_ptr=a, a_desc=None, b_ptr=b, b_desc=None, bias_ptr=None, c_ptr=c, a_scale_ptr=t((1,), "float32"),
+        b_scale_ptr=t((e,), "float32"), topk_weights_ptr=t((m, topk), "float32"), sorted_token_ids_ptr=t((em,), "int32"),
+        expert_ids_ptr=t((em // config["BLOCK_SIZE_M"],), "int32"), num_tokens_post_padded_ptr=t((1,), "int32"),
+        add_mask_ptr=None, N=2 * n, K=k, EM=em, num_valid_tokens=m * topk,
+        stride_am=a.stride(0), stride_ak=a.stride(1), stride_be=b.stride(0), stride_bk=b.stride(2), stride_bn=b.stride(1),
+        stride_bias_e=0, stride_bias_n=0, stride_cm=c.stride(-2), stride_cn=c.stride(-1),
+        stride_asm=0, stride_ask=0, stride_bse=0, stride_bsk=0, stride_bsn=0, group_n=0, group_k=0,
+        MUL_ROUTED_WEIGHT=False, top_k=topk, compute_type=tl.bfloat16, use_fp8_w8a8=True, use_int8_w8a8=False,
+        use_int8_w8a16=False, per_channel_quant=False, even_Ks=k % config["BLOCK_SIZE_K"] == 0, c_sorted=False,
+        filter_expert=True, swap_ab=mod.should_enable_swap_ab(config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"]),
+        FUSE_ADD_TO_OUTPUT=False, MASK_OUTPUT=False, FUSE_SUM_ALL_REDUCE=False, LORA_PRESERVE_BASE=False,
+        ROUTER_TOPK=1, FUSE_SWIGLU=False, **config,
+    )  # fmt: skip
+    options = {}
+    names = {p.name for p in mod.fused_moe_kernel.params}
+    if "USE_GDC" in names:  # 0.5.23 launches with PDL where is_arch_support_pdl() (major >= 9)
+        known.update(USE_GDC=True, GDC_EARLY=m <= 512)
+        options["launch_pdl"] = True
+    args = {name: value for name, value in known.items() if name in names}
+    return aot.Launch(mod.fused_moe_kernel, args, num_warps, num_stages, options)
+
+
+def tiles(launch: aot.Launch) -> dict:
+    """The tile constexprs of a launch, with its warps and stages (for comparisons and messages)."""
+    keys = ("BLOCK_M", "BLOCK_N", "BLOCK_DMODEL", "BLOCK_DPE", "BLOCK_DV")
+    keys += ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K")
+    picked = {k: launch.args[k] for k in keys if k in launch.args}
+    return {**picked, "num_warps": launch.num_warps, "num_stages": launch.num_stages}
+
+
+# --- extend attention: upstream's SM120 branch (0.5.9+), verified ------------------------
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+def test_extend_mla_hopper_tiles_overflow_sm120(load, version):
+    """The tiles sglang picks on Hopper for absorbed MLA do not fit an SM120 block: this is
+    what the capability-12 branch exists for."""
+    launch = extend_launch(load(version, extend_path(version)), *MLA, HOPPER)
+    assert launch.shared_bytes() > LIMIT, tiles(launch)
+
+
+@pytest.mark.parametrize("lq_lv", EXTEND_DIMS, ids=lambda d: f"Lq{d[0]}-Lv{d[1]}")
+@pytest.mark.parametrize("version", ATTENTION_RELEASES)
+def test_extend_sm120_branch_fits(load, version, lq_lv):
+    launch = extend_launch(load(version, extend_path(version)), *lq_lv, SM120)
+    assert launch.shared_bytes() <= LIMIT, tiles(launch)
+
+
+@pytest.mark.parametrize("version", WINDOW)
+def test_extend_sm120_selection_matches_the_compiled_releases(load, version):
+    """Every release selects for (12, 0) what the compiled releases select, and on MLA that
+    differs from its Hopper choice (the branch is really taken)."""
+    mod = load(version, extend_path(version))
+    reference = load("0.5.9", extend_path("0.5.9"))
+    for lq, lv in EXTEND_DIMS:  # a release that picks other tiles must be compiled above
+        assert tiles(extend_launch(mod, lq, lv, SM120)) == tiles(extend_launch(reference, lq, lv, SM120)), (lq, lv)
+    assert tiles(extend_launch(mod, *MLA, SM120)) != tiles(extend_launch(mod, *MLA, HOPPER))
+
+
+# --- context_attention_fwd ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", ATTENTION_RELEASES)
+def test_context_attention_unpatched_overflows_at_head_dim_256(load, version):
+    launch = context_launch(load(version, prefill_path(version)), 256, "bfloat16", SM120)
+    assert launch.args["BLOCK_M"] == 128
+    assert launch.shared_bytes() > LIMIT, tiles(launch)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("version", ATTENTION_RELEASES)
+def test_context_attention_patched_fits(load, version, head_dim, dtype):
+    relpath = prefill_path(version)
+    patched, vendor = load(version, relpath, patched=True), load(version, relpath)
+    launch = context_launch(patched, head_dim, dtype, SM120)
+    assert launch.shared_bytes() <= LIMIT, tiles(launch)
+    for gpu in (HOPPER, (8, 0), (10, 0)):  # other GPUs keep upstream's launch
+        before, after = context_launch(vendor, head_dim, dtype, gpu), context_launch(patched, head_dim, dtype, gpu)
+        assert tiles(after) == tiles(before), gpu
+
+
+# --- fused-MoE fp8 per-tensor default config ----------------------------------------------
+
+
+@pytest.mark.parametrize("version", MOE_BUGGY)
+def test_moe_fp8_default_unpatched_overflows(load, version):
+    config = moe_config(load(version, moe_config_path(version)), 512, SM120)  # M > E
+    launch = moe_launch(load(version, moe_kernels_path(version)), config, 512, SM120)
+    assert launch.shared_bytes() > LIMIT, tiles(launch)
+
+
+@pytest.mark.parametrize("m", [512, 64], ids=["M>E", "M<=E"])
+@pytest.mark.parametrize("version", MOE_BUGGY)
+def test_moe_fp8_default_patched_fits(load, version, m):
+    relpath = moe_config_path(version)
+    patched, vendor = load(version, relpath, patched=True), load(version, relpath)
+    launch = moe_launch(load(version, moe_kernels_path(version)), moe_config(patched, m, SM120), m, SM120)
+    assert launch.shared_bytes() <= LIMIT, tiles(launch)
+    for gpu in (HOPPER, (8, 0), (10, 0)):  # other GPUs keep upstream's config
+        assert moe_config(patched, m, gpu) == moe_config(vendor, m, gpu), gpu
+    for dtype, block_shape in (("fp8_w8a8", [128, 128]), ("int8_w8a8", None), (None, None)):  # so do other dtypes
+        assert moe_config(patched, m, SM120, dtype, block_shape) == moe_config(vendor, m, SM120, dtype, block_shape)
+
+
+@pytest.mark.parametrize("m", [512, 64], ids=["M>E", "M<=E"])
+@pytest.mark.parametrize("version", MOE_FIXED)
+def test_moe_fp8_default_upstream_low_smem_fits(load, version, m):
+    """0.5.14+ pick low-shared-memory fp8 tiles when the opt-in limit is below 128 KiB."""
+    relpath = moe_config_path(version)
+    config = moe_config(load(version, relpath), m, SM120)
+    assert config != moe_config(load(version, relpath), m, HOPPER)
+    launch = moe_launch(load(version, moe_kernels_path(version)), config, m, SM120)
+    assert launch.shared_bytes() <= LIMIT, tiles(launch)
+    if smem_patch() is not None:  # and the patch leaves them alone
+        after, finding = rewrite_file(version, relpath)
+        assert finding.outcome is Outcome.FIXED_UPSTREAM and after == wheel_bytes(version, relpath)
