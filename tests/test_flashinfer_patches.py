@@ -15,7 +15,7 @@ import zipfile
 import fetch_wheels
 import libcst as cst
 import pytest
-from conftest import WINDOW
+from conftest import WINDOW, flashinfer_pin
 from packaging.version import Version
 
 from sm120kit.patching.engine import _transform
@@ -23,13 +23,7 @@ from sm120kit.patching.registry import load_patches
 from sm120kit.patching.spec import Outcome
 
 # sglang release -> the flashinfer-python it pins (Requires-Dist in the wheel's METADATA).
-PINS = {
-    "0.5.9": "0.6.3", "0.5.10": "0.6.7.post2", "0.5.10.post1": "0.6.7.post3", "0.5.11": "0.6.8.post1",
-    "0.5.12": "0.6.11.post1", "0.5.12.post1": "0.6.11.post1", "0.5.13": "0.6.12", "0.5.13.post1": "0.6.12",
-    "0.5.14": "0.6.12", "0.5.15": "0.6.12", "0.5.15.post1": "0.6.12", "0.5.16": "0.6.14",
-    "0.5.17": "0.6.15.post1", "0.5.18": "0.6.17", "0.5.19": "0.6.18", "0.5.20": "0.6.18", "0.5.21": "0.6.18",
-    "0.5.22": "0.7.1", "0.5.23": "0.7.2",
-}  # fmt: skip
+PINS = {v: flashinfer_pin(v) for v in WINDOW}
 FLASHINFER = sorted(set(PINS.values()), key=Version)
 
 PATCHES = {p.id: p for p in load_patches() if p.package == "flashinfer-python"}

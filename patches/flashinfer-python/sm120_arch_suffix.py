@@ -19,7 +19,7 @@ so the change starts a fresh cache by itself.
 
 from __future__ import annotations
 
-from sm120kit.patching.cst_tools import cst, find_functions, insert_after, iter_nodes, marker_line
+from sm120kit.patching.cst_tools import cst, find_functions, has_string, insert_after, iter_nodes, marker_line
 from sm120kit.patching.spec import (
     AlreadyApplied,
     AnchorMissing,
@@ -57,14 +57,12 @@ def _method(module: cst.Module, name: str):
     return None, None
 
 
-def _has_string(node: cst.CSTNode, value: str) -> bool:
-    return any(isinstance(n, cst.SimpleString) and n.evaluated_value == value for n in iter_nodes(node))
 
 
 def use_family_target(module: cst.Module, ctx):
     normalize, _ = _method(module, "_normalize_cuda_arch")
     if normalize is not None:
-        if _has_string(normalize, "0f"):
+        if has_string(normalize, "0f"):
             return FixedUpstream(f"{CLASS}._normalize_cuda_arch maps SM 12.0 to compute_120f")
         return AnchorMissing(f"{CLASS}._normalize_cuda_arch exists but has no 120f rule")
     init, put = _method(module, "__init__")
@@ -77,7 +75,7 @@ def use_family_target(module: cst.Module, ctx):
     if len(rules) != 1:
         return AnchorMissing(f"expected one `if {SUFFIX_RULE}:` in {CLASS}.__init__, found {len(rules)}")
     rule = rules[0]
-    if not _has_string(rule, "a"):
+    if not has_string(rule, "a"):
         return AnchorMissing(f"`if {SUFFIX_RULE}:` in {CLASS}.__init__ does not add the 'a' suffix")
     blocks = [n for n in iter_nodes(init) if isinstance(n, cst.IndentedBlock) and any(s is rule for s in n.body)]
     if len(blocks) != 1:

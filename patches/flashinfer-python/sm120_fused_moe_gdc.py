@@ -17,7 +17,7 @@ fused_moe_120 JIT cache directory must be removed for the flag to take effect.
 
 from __future__ import annotations
 
-from sm120kit.patching.cst_tools import carries, cst, find_functions, iter_nodes, marker_line
+from sm120kit.patching.cst_tools import append_element, carries, cst, find_functions, has_string, int_list, keyword_argument, marker_line
 from sm120kit.patching.spec import (
     AlreadyApplied,
     AnchorMissing,
@@ -32,30 +32,13 @@ FUNCTION = "gen_cutlass_fused_moe_sm120_module"
 FLAGS_NAME = "nvcc_flags"
 
 
-def _has_string(node: cst.CSTNode, value: str) -> bool:
-    return any(isinstance(n, cst.SimpleString) and n.evaluated_value == value for n in iter_nodes(node))
 
 
-def _callee(call: cst.Call) -> str | None:
-    func = call.func
-    if isinstance(func, cst.Attribute):
-        return func.attr.value
-    return func.value if isinstance(func, cst.Name) else None
 
 
 def _sm12x_only(function: cst.FunctionDef) -> bool:
     """`get_nvcc_flags_list(supported_major_versions=[12])`: nvcc targets of major 12 alone."""
-    for node in iter_nodes(function):
-        if isinstance(node, cst.Call) and _callee(node) == "get_nvcc_flags_list":
-            for arg in node.args:
-                if arg.keyword is not None and arg.keyword.value == "supported_major_versions":
-                    value = arg.value
-                    return (
-                        isinstance(value, cst.List)
-                        and len(value.elements) > 0
-                        and all(isinstance(e.value, cst.Integer) and e.value.evaluated_value == 12 for e in value.elements)
-                    )
-    return False
+    return int_list(keyword_argument(function, "get_nvcc_flags_list", "supported_major_versions")) == [12]
 
 
 def _flags_assignment(function: cst.FunctionDef):
@@ -69,16 +52,6 @@ def _flags_assignment(function: cst.FunctionDef):
     return None
 
 
-def _appended(items: cst.List, value: cst.BaseExpression) -> cst.List:
-    """`items` with `value` as a new last element, laid out like the others."""
-    elements = list(items.elements)
-    last = elements[-1]
-    new = cst.Element(value)
-    if len(elements) >= 2 and isinstance(last.comma, cst.Comma) and isinstance(elements[-2].comma, cst.Comma):
-        # One element per line, trailing comma: the old last takes the inner separator,
-        # the new last takes the closing one.
-        return items.with_changes(elements=[*elements[:-1], last.with_changes(comma=elements[-2].comma), new.with_changes(comma=last.comma)])
-    return items.with_changes(elements=[*elements[:-1], last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), new])
 
 
 def enable_gdc(module: cst.Module, ctx):
@@ -87,7 +60,7 @@ def enable_gdc(module: cst.Module, ctx):
         return AnchorMissing(f"expected one function {FUNCTION}, found {len(found)}")
     function, put = found[0]
     for stmt in function.body.body:
-        if _has_string(stmt, FLAG):
+        if has_string(stmt, FLAG):
             if carries(stmt, f"# sm120kit: {ctx.patch_id} r"):
                 return AlreadyApplied()
             return FixedUpstream(f"{FUNCTION} builds fused_moe_120 with {FLAG}")
@@ -98,7 +71,7 @@ def enable_gdc(module: cst.Module, ctx):
         return AnchorMissing(f"no `{FLAGS_NAME} = [...]` list at the top level of {FUNCTION}")
     assign = stmt.body[0]
     new_stmt = stmt.with_changes(
-        body=[assign.with_changes(value=_appended(assign.value, cst.SimpleString(f'"{FLAG}"')))],
+        body=[assign.with_changes(value=append_element(assign.value, cst.SimpleString(f'"{FLAG}"')))],
         leading_lines=[*stmt.leading_lines, marker_line(f"{ctx.marker}: PDL barriers on (upstream 0.6.8, PR #2913)")],
     )
     return Rewritten(put(function.deep_replace(stmt, new_stmt)))

@@ -21,7 +21,7 @@ effect (the engine's job).
 
 from __future__ import annotations
 
-from sm120kit.patching.cst_tools import carries, cst, find_functions, iter_nodes, marker_line
+from sm120kit.patching.cst_tools import append_element, callee_name, carries, cst, find_functions, has_string, int_list, keyword_argument, marker_line
 from sm120kit.patching.spec import (
     AlreadyApplied,
     AnchorMissing,
@@ -39,50 +39,23 @@ FUNCTIONS = {
 }
 
 
-def _has_string(node: cst.CSTNode, value: str) -> bool:
-    return any(isinstance(n, cst.SimpleString) and n.evaluated_value == value for n in iter_nodes(node))
 
 
-def _callee(call: cst.Call) -> str | None:
-    func = call.func
-    if isinstance(func, cst.Attribute):
-        return func.attr.value
-    return func.value if isinstance(func, cst.Name) else None
 
 
 def _sm12x_only(function: cst.FunctionDef) -> bool:
     """`get_nvcc_flags_list(supported_major_versions=[12])`: nvcc targets of major 12 alone."""
-    for node in iter_nodes(function):
-        if isinstance(node, cst.Call) and _callee(node) == "get_nvcc_flags_list":
-            for arg in node.args:
-                if arg.keyword is not None and arg.keyword.value == "supported_major_versions":
-                    value = arg.value
-                    return (
-                        isinstance(value, cst.List)
-                        and len(value.elements) > 0
-                        and all(isinstance(e.value, cst.Integer) and e.value.evaluated_value == 12 for e in value.elements)
-                    )
-    return False
+    return int_list(keyword_argument(function, "get_nvcc_flags_list", "supported_major_versions")) == [12]
 
 
 def _state(function: cst.FunctionDef, ctx) -> str:
     """ours | upstream | needed"""
     for stmt in function.body.body:
-        if _has_string(stmt, FLAG):
+        if has_string(stmt, FLAG):
             return "ours" if carries(stmt, f"# sm120kit: {ctx.patch_id} r") else "upstream"
     return "needed"
 
 
-def _appended(items: cst.List, value: cst.BaseExpression) -> cst.List:
-    """`items` with `value` as a new last element, laid out like the others."""
-    elements = list(items.elements)
-    last = elements[-1]
-    new = cst.Element(value)
-    if len(elements) >= 2 and isinstance(last.comma, cst.Comma) and isinstance(elements[-2].comma, cst.Comma):
-        # One element per line, trailing comma: the old last takes the inner separator,
-        # the new last takes the closing one.
-        return items.with_changes(elements=[*elements[:-1], last.with_changes(comma=elements[-2].comma), new.with_changes(comma=last.comma)])
-    return items.with_changes(elements=[*elements[:-1], last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), new])
 
 
 def _with_flag(function: cst.FunctionDef, module_name: str, ctx) -> cst.FunctionDef | None:
@@ -91,7 +64,7 @@ def _with_flag(function: cst.FunctionDef, module_name: str, ctx) -> cst.Function
         if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Return)):
             continue
         call = stmt.body[0].value
-        if not (isinstance(call, cst.Call) and _callee(call) == "gen_jit_spec" and call.args):
+        if not (isinstance(call, cst.Call) and callee_name(call) == "gen_jit_spec" and call.args):
             continue
         name = call.args[0].value
         if not (isinstance(name, cst.SimpleString) and name.evaluated_value == module_name):
@@ -103,7 +76,7 @@ def _with_flag(function: cst.FunctionDef, module_name: str, ctx) -> cst.Function
         flag = cst.SimpleString(f'"{FLAG}"')
         value = arg.value
         if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add) and isinstance(value.right, cst.List) and value.right.elements:
-            added = value.with_changes(right=_appended(value.right, flag))  # `nvcc_flags + [..., FLAG]`
+            added = value.with_changes(right=append_element(value.right, flag))  # `nvcc_flags + [..., FLAG]`
         else:
             added = cst.BinaryOperation(left=value, operator=cst.Add(), right=cst.List([cst.Element(flag)]))
         new_call = call.with_changes(args=[a if a is not arg else arg.with_changes(value=added) for a in call.args])

@@ -79,6 +79,48 @@ def compares_to(node: libcst.CSTNode, number: str) -> bool:
     )
 
 
+def has_string(node: libcst.CSTNode, value: str) -> bool:
+    """Whether a string literal with this value appears under `node`."""
+    return any(isinstance(n, cst.SimpleString) and n.evaluated_value == value for n in iter_nodes(node))
+
+
+def callee_name(call: libcst.Call) -> str | None:
+    """`f` for `f(...)` and `x.f(...)`."""
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    return func.value if isinstance(func, cst.Name) else None
+
+
+def keyword_argument(node: libcst.CSTNode, callee: str, keyword: str) -> libcst.BaseExpression | None:
+    """The value passed as `keyword=` to the first call of `callee` under `node`."""
+    for n in iter_nodes(node):
+        if isinstance(n, cst.Call) and callee_name(n) == callee:
+            for arg in n.args:
+                if arg.keyword is not None and arg.keyword.value == keyword:
+                    return arg.value
+    return None
+
+
+def int_list(node: libcst.CSTNode | None) -> list[int] | None:
+    """The integers of a literal list such as `[10, 12]`; None for anything else."""
+    if not isinstance(node, cst.List) or not all(isinstance(e.value, cst.Integer) for e in node.elements):
+        return None
+    return [e.value.evaluated_value for e in node.elements]
+
+
+def append_element(items: libcst.List, value: libcst.BaseExpression) -> libcst.List:
+    """`items` with `value` as a new last element, laid out like the others."""
+    elements = list(items.elements)
+    last = elements[-1]
+    new = cst.Element(value)
+    if len(elements) >= 2 and isinstance(last.comma, cst.Comma) and isinstance(elements[-2].comma, cst.Comma):
+        # One element per line, trailing comma: the old last takes the inner separator,
+        # the new last takes the closing one.
+        return items.with_changes(elements=[*elements[:-1], last.with_changes(comma=elements[-2].comma), new.with_changes(comma=last.comma)])
+    return items.with_changes(elements=[*elements[:-1], last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), new])
+
+
 def insert_after(block: libcst.IndentedBlock, index: int, statement: libcst.BaseStatement) -> libcst.IndentedBlock:
     return block.with_changes(body=[*block.body[: index + 1], statement, *block.body[index + 1 :]])
 
