@@ -15,6 +15,7 @@ from sm120kit import __version__
 EPILOG = """\
 after every `pip install -U sglang`:   sm120kit patch --verify
 read-only, for CI and Dockerfiles:     sm120kit patch --check
+the exact server command:              sm120kit serve glm5-nvfp4 --dry-run
 exit codes: 0 ok, 1 something would change (check mode, status), 2 error"""
 
 
@@ -75,7 +76,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-jit-cache", action="store_true", help="keep JIT caches (flashinfer) built from the patched sources")
     _common(p)
     p.set_defaults(func=cmd_unpatch)
+
+    p = sub.add_parser("profiles", help="the shipped and user launch profiles, one line each")
+    _profile_args(p, sets=False)
+    _common(p)
+    p.set_defaults(func=cmd_profiles)
+
+    p = sub.add_parser("profile", help="show, check or export the schema of launch profiles")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    v = verbs.add_parser("show", help="the resolved profile (after extends and --set)")
+    v.add_argument("name")
+    _profile_args(v)
+    _common(v)
+    v.set_defaults(func=cmd_profile_show)
+    v = verbs.add_parser("check", help="render the profile for the installed sglang; exit 0 or 2")
+    v.add_argument("name")
+    _profile_args(v)
+    _target_args(v)
+    _common(v)
+    v.set_defaults(func=cmd_profile_check)
+    v = verbs.add_parser("schema", help="the JSON Schema of profile files, for editor completion")
+    _common(v)
+    v.set_defaults(func=cmd_profile_schema)
+
+    p = sub.add_parser("serve", help="launch sglang with a profile (--dry-run: print the exact command)")
+    p.add_argument("name")
+    p.add_argument("--dry-run", action="store_true", help="print the argv and environment; start nothing")
+    p.add_argument("--node-rank", type=int, metavar="N", help="this node's rank in a multi-node profile")
+    _profile_args(p)
+    _target_args(p)
+    _common(p)
+    p.set_defaults(func=cmd_serve)
     return parser
+
+
+def _profile_args(parser: argparse.ArgumentParser, sets: bool = True) -> None:
+    parser.add_argument("--profile-dir", action="append", metavar="DIR", help="also load profiles from DIR (before the shipped ones; repeatable; or $SM120KIT_PROFILE_PATH)")
+    if sets:
+        parser.add_argument("--set", action="append", metavar="KEY=VALUE", dest="sets", help="override a profile key, e.g. engine.max_running_requests=2048 (repeatable)")
 
 
 def _load(args, selected: bool = True):
@@ -177,6 +215,97 @@ def cmd_unpatch(args) -> int:
     if code:
         print("nothing was written", file=sys.stderr)
     return code
+
+
+def cmd_profiles(args) -> int:
+    from sm120kit import report
+    from sm120kit.profiles.loader import list_profiles
+
+    found = list_profiles(args.profile_dir)
+    if args.json:
+        report.emit_json({"profiles": [{"name": n, "path": str(p), "description": d} for n, p, d in found]})
+    else:
+        print(report.table(["PROFILE", "DESCRIPTION"], [[n, d] for n, _, d in found]))
+    return 0
+
+
+def cmd_profile_show(args) -> int:
+    import json
+
+    from sm120kit.profiles.loader import load_profile
+
+    profile = load_profile(args.name, args.profile_dir, args.sets)
+    doc = profile.model_dump(mode="json", exclude={"name", "source"})
+    if args.json:
+        print(json.dumps({"name": profile.name, "source": profile.source, "profile": doc}, indent=2))
+    else:
+        print(f"# {profile.name}  ({profile.source})")
+        print(json.dumps(doc, indent=2))
+    return 0
+
+
+def _launch(args):
+    """The profile rendered for the target's sglang."""
+    from sm120kit.errors import UserError
+    from sm120kit.profiles.flags import read_schema
+    from sm120kit.profiles.loader import load_profile
+    from sm120kit.profiles.render import render
+    from sm120kit.target import resolve_target
+
+    sets = list(args.sets or [])
+    if getattr(args, "node_rank", None) is not None:
+        sets.append(f"parallel.node_rank={args.node_rank}")
+    profile = load_profile(args.name, args.profile_dir, sets)
+    target = resolve_target(args.python, args.site)
+    dist = target.find("sglang")
+    if dist is None:
+        raise UserError(
+            f"sglang is not installed in {target.description}: a profile renders for the installed release",
+            "point sm120kit at the serving environment with --python EXE or --site DIR",
+        )
+    python = args.python or ("python3" if args.site else sys.executable)
+    return render(profile, read_schema(dist), python)
+
+
+def cmd_profile_check(args) -> int:
+    from sm120kit import report
+
+    launch = _launch(args)
+    if args.json:
+        report.emit_json({"profile": args.name, "ok": True, **launch.as_json()})
+        return 0
+    for warning in launch.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"profile {args.name}: ok for sglang {launch.sglang} ({len(launch.argv) - 3} arguments)")
+    return 0
+
+
+def cmd_profile_schema(args) -> int:
+    import json
+
+    from sm120kit.profiles.loader import profile_schema
+
+    print(json.dumps(profile_schema(), indent=2))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from sm120kit import report
+    from sm120kit.errors import UserError
+
+    launch = _launch(args)
+    if not args.dry_run:
+        raise UserError(
+            "this sm120kit cannot supervise the server yet: only the command it would run is ready",
+            f"sm120kit serve {args.name} --dry-run, then run that command",
+        )
+    if args.json:
+        report.emit_json(launch.as_json())
+        return 0
+    for warning in launch.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(launch.shell())
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,9 +22,14 @@ from sm120kit.patching.registry import load_patches  # noqa: E402
 WINDOW = fetch_wheels.SGLANG_WINDOW
 FIXTURE_PATCHES = ROOT / "tests" / "fixtures" / "patches"
 
-# The files the shipped patches (and the fixture patch) touch; unpacking just these and
-# the dist-info keeps a release install to a few milliseconds.
-MEMBERS = sorted({r.path for p in load_patches([str(FIXTURE_PATCHES)]) for r in p.rewrites})
+# The files the shipped patches (and the fixture patch) touch, and those the flag schema is
+# read from; unpacking just these and the dist-info keeps a release install fast.
+MEMBERS = sorted({r.path for p in load_patches([str(FIXTURE_PATCHES)]) for r in p.rewrites}) + [
+    "sglang/srt/server_args.py",  # and what follows: the flag schema that profiles render for
+    "sglang/srt/arg_groups/*.py",
+    "sglang/srt/utils/common.py",
+    "sglang/srt/model_executor/cuda_graph_config.py",
+]
 
 
 @functools.lru_cache(maxsize=None)

@@ -21,6 +21,7 @@ def installed(tmp_path_factory) -> Path:
     [wheel] = work.glob("sm120kit-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "sm120kit/_shipped/patches/sglang/moe_autotune_flashinfer_cutlass.py" in names
+    assert "sm120kit/_shipped/profiles/glm5-nvfp4.toml" in names
     assert not any(n.startswith("tests/") for n in names)
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -34,6 +35,12 @@ def test_patches_ship(installed):
     listed = json.loads(out)["patches"]
     assert len(listed) == len(shipped) and {p["source"] for p in listed} == {"shipped"}
     assert "sglang-moe-autotune-flashinfer-cutlass" in {p["id"] for p in listed}
+
+
+def test_profiles_ship(installed):
+    out = subprocess.run([installed, "profiles", "--json"], capture_output=True, text=True, check=True).stdout
+    shipped = {p.stem for p in (ROOT / "profiles").glob("*.toml")}
+    assert {p["name"] for p in json.loads(out)["profiles"]} == shipped
 
 
 def test_status_on_a_site(installed, site):

@@ -1,0 +1,1 @@
+"""Launch profiles: the pydantic model, TOML loading (extends, --set), the sglang flag schema and rendering."""

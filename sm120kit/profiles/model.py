@@ -1,0 +1,196 @@
+"""A launch profile: what the operator means, not the flags of one sglang release.
+
+Strict pydantic models (no coercion: `tp = "8"` is an error, as is any key the model does
+not have). Every field carries a description: it shows in the JSON Schema that editors use
+for completion (`loader.profile_schema()`). The renderer turns a Profile into the flags that
+the installed sglang accepts.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+FLAG_NAME = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_-]*")
+ExtraValue = str | int | float | bool | None
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip().strip("[]").rstrip(".").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost may resolve to anything: public
+
+
+class Node(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    gpus: int = Field(1, ge=1, description="GPUs on each node that the server uses.")
+    compute_capability: str | None = Field(
+        None, pattern=r"^\d+\.\d+$", description='Compute capability the profile is meant for, e.g. "12.0" (SM120).'
+    )
+    gpu_memory_gb: int | None = Field(None, ge=1, description="Memory of each GPU in GB that the profile is sized for, e.g. 96.")
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    path: str | None = Field(None, description="Model directory or Hugging Face repo id (--model-path).")
+    served_name: str | None = Field(None, description="Name clients use in requests (--served-model-name).")
+    quantization: str | None = Field(None, description='Quantization method, e.g. "modelopt_fp4" (--quantization).')
+    trust_remote_code: bool = Field(False, description="Run the model repository's own Python code (--trust-remote-code).")
+    context_length: int | None = Field(None, ge=1, description="Maximum context length in tokens (--context-length).")
+
+
+class Parallel(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    tp: int = Field(1, ge=1, description="Tensor parallel size (--tp-size).")
+    pp: int = Field(1, ge=1, description="Pipeline parallel size (--pp-size).")
+    dp: int = Field(1, ge=1, description="Data parallel size (--dp-size).")
+    ep: int | None = Field(None, ge=1, description="Expert parallel size (--ep-size); unset: sglang's default.")
+    nnodes: int = Field(1, ge=1, description="Number of nodes the server spans (--nnodes).")
+    node_rank: int = Field(0, ge=0, description="Rank of this node, 0 .. nnodes-1 (--node-rank).")
+    dist_init_addr: str | None = Field(None, description='host:port of rank 0 for a multi-node server, e.g. "10.0.0.1:5000" (--dist-init-addr).')
+
+    @model_validator(mode="after")
+    def _rank_in_range(self) -> Parallel:
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"parallel.node_rank = {self.node_rank} must be less than parallel.nnodes = {self.nnodes}")
+        return self
+
+
+class Engine(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    moe_runner_backend: str | None = Field(None, description='MoE runner backend, e.g. "flashinfer_cutlass" (--moe-runner-backend).')
+    attention_backend: str | None = Field(None, description='Attention backend, e.g. "flashinfer" (--attention-backend).')
+    prefill_attention_backend: str | None = Field(None, description="Attention backend for prefill only (--prefill-attention-backend).")
+    decode_attention_backend: str | None = Field(None, description="Attention backend for decode only (--decode-attention-backend).")
+    dsa_prefill_backend: str | None = Field(None, description="DeepSeek Sparse Attention prefill backend (--dsa-prefill-backend; --nsa-* before sglang 0.5.13).")
+    dsa_decode_backend: str | None = Field(None, description="DeepSeek Sparse Attention decode backend (--dsa-decode-backend; --nsa-* before sglang 0.5.13).")
+    kv_cache_dtype: str | None = Field(None, description='KV cache data type, e.g. "auto", "fp8_e4m3", "bf16" (--kv-cache-dtype).')
+    fp4_gemm_backend: str | None = Field(None, description="FP4 GEMM backend (--fp4-gemm-backend).")
+    cuda_graphs: bool = Field(True, description="Capture CUDA graphs; false disables them in the spelling the installed sglang wants.")
+    cuda_graph_max_bs: int | None = Field(None, ge=1, description="Largest batch size captured in a CUDA graph (--cuda-graph-max-bs).")
+    radix_cache: bool = Field(True, description="Prefix (radix) cache; false passes --disable-radix-cache.")
+    max_running_requests: int | None = Field(None, ge=1, description="Maximum concurrent requests (--max-running-requests).")
+    mem_fraction_static: float | None = Field(None, gt=0, lt=1, description="Fraction of GPU memory for weights and KV cache, 0 < x < 1 (--mem-fraction-static).")
+    chunked_prefill_size: int | None = Field(None, description="Tokens per prefill chunk; -1 disables chunked prefill (--chunked-prefill-size).")
+    disable_shared_experts_fusion: bool = Field(False, description="Pass --disable-shared-experts-fusion.")
+    flashinfer_autotune: bool = Field(True, description="FlashInfer autotuning at startup; false passes --disable-flashinfer-autotune.")
+    insist_kv_cache_dtype: bool = Field(
+        False, description="Keep kv_cache_dtype even where sm120kit would warn and change it (a combination known to give wrong output)."
+    )
+
+    @field_validator("chunked_prefill_size")
+    @classmethod
+    def _chunk(cls, value: int | None) -> int | None:
+        if value is not None and value != -1 and value < 1:
+            raise ValueError("must be a positive number of tokens, or -1 to disable chunked prefill")
+        return value
+
+
+class Server(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    host: str = Field("127.0.0.1", min_length=1, description="Address to bind (--host). Anything but loopback needs api_key_env.")
+    port: int = Field(30000, ge=1, le=65535, description="Port to bind (--port).")
+    api_key_env: str | None = Field(
+        None,
+        json_schema_extra={"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+        description="NAME of the environment variable that holds the API key (never the key itself); passed as --api-key at launch.",
+    )
+    allow_public_without_key: bool = Field(False, description="Allow a non-loopback host without api_key_env (anyone who reaches the port can use the server).")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _key_is_a_name(cls, value: str | None) -> str | None:
+        if value is not None and not ENV_NAME.fullmatch(value):
+            raise ValueError("must be the NAME of an environment variable that holds the key (e.g. SGLANG_API_KEY), not the key itself")
+        return value
+
+    @model_validator(mode="after")
+    def _public_needs_key(self) -> Server:
+        if not is_loopback(self.host) and not self.api_key_env and not self.allow_public_without_key:
+            raise ValueError(
+                f"server.host = {self.host!r} is a public bind without an API key: set server.api_key_env to the name "
+                "of the environment variable that holds the key, or set server.allow_public_without_key = true"
+            )
+        return self
+
+
+class Health(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    startup_timeout_s: float = Field(1800.0, gt=0, description="Seconds to wait until the server generates (a 440 GB load takes a while).")
+    probe_interval_s: float = Field(10.0, gt=0, description="Seconds between liveness probes.")
+    probe_timeout_s: float = Field(20.0, gt=0, description="Seconds one probe may take.")
+    failures_before_restart: int = Field(3, ge=1, description="Consecutive failed probes before the server is restarted.")
+    max_restarts: int = Field(5, ge=0, description="Restarts before giving up (crash-loop limit).")
+    backoff_initial_s: float = Field(5.0, gt=0, description="First delay before a restart; doubles each time.")
+    backoff_max_s: float = Field(300.0, gt=0, description="Longest delay between restarts.")
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> Health:
+        if self.backoff_max_s < self.backoff_initial_s:
+            raise ValueError(f"health.backoff_max_s = {self.backoff_max_s} is less than health.backoff_initial_s = {self.backoff_initial_s}")
+        return self
+
+
+class Profile(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, title="sm120kit launch profile")
+
+    description: str = Field("", description="One line shown in the profile listing.")
+    extends: str | list[str] | None = Field(
+        None, description="Profile(s) to start from, applied in order, then this file on top (tables merge, lists replace)."
+    )
+    sglang: str | None = Field(None, description='PEP 440 range of sglang releases the profile was proven on, e.g. ">=0.5.9,<0.5.24".')
+    patches: list[str] = Field(default_factory=list, description="Ids of the sm120kit patches the profile needs (see `sm120kit patches`).")
+    node: Node = Field(default_factory=Node, description="The hardware the profile is meant for.")
+    model: Model = Field(default_factory=Model, description="The model to serve.")
+    parallel: Parallel = Field(default_factory=Parallel, description="Tensor/pipeline/data/expert parallelism and nodes.")
+    engine: Engine = Field(default_factory=Engine, description="Kernels, caches and memory of the sglang engine.")
+    server: Server = Field(default_factory=Server, description="Where the HTTP server listens, and its API key.")
+    env: dict[str, str] = Field(default_factory=dict, description='Environment for the server process, e.g. NCCL_P2P_LEVEL = "SYS".')
+    health: Health = Field(default_factory=Health, description="Startup budget, liveness probes and restart policy.")
+    extra_args: dict[str, ExtraValue] = Field(
+        default_factory=dict,
+        description='Other sglang flags, checked against the installed release: "--flag" = value (true: bare flag; false: omitted).',
+    )
+    name: SkipJsonSchema[str] = Field("", description="Set by the loader: the profile's name.")
+    source: SkipJsonSchema[str] = Field("", description="Set by the loader: the file it was read from.")
+
+    @field_validator("sglang")
+    @classmethod
+    def _specifier(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                SpecifierSet(value)
+            except InvalidSpecifier:
+                raise ValueError(f'{value!r} is not a PEP 440 version range (e.g. ">=0.5.9,<0.5.24")') from None
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in value if not ENV_NAME.fullmatch(k)]
+        if bad:
+            raise ValueError(f"{', '.join(map(repr, bad))} is not an environment variable name")
+        return value
+
+    @field_validator("extra_args")
+    @classmethod
+    def _flag_names(cls, value: dict[str, ExtraValue]) -> dict[str, ExtraValue]:
+        bad = [k for k in value if not FLAG_NAME.fullmatch(k)]
+        if bad:
+            raise ValueError(f"{', '.join(map(repr, bad))}: keys must be flags that start with \"--\", e.g. \"--enable-metrics\"")
+        return value

@@ -1,0 +1,221 @@
+"""Profile intent -> the argv and environment that the *installed* sglang accepts.
+
+Every flag goes through the release's own flag schema (read statically, flags.py): the
+spelling it wants (`--dsa-*` from 0.5.13, `--nsa-*` before; the non-deprecated form of
+"CUDA graphs off"), a value among its choices, and never a flag it does not have.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from sm120kit.errors import UserError
+from sm120kit.profiles.flags import FlagSchema
+from sm120kit.profiles.model import Profile
+
+BARE = object()  # a flag without a value
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+DSA_BACKENDS = {"nsa", "dsa"}
+
+
+@dataclass(frozen=True)
+class EnvRef:
+    """An argument taken from the environment at launch (a secret never enters argv text)."""
+
+    name: str
+
+
+@dataclass
+class Launch:
+    argv: list[str | EnvRef]
+    env: dict[str, str]  # set on top of the caller's environment
+    sglang: str
+    warnings: list[str] = field(default_factory=list)
+
+    def shell(self) -> str:
+        """The command as a shell would run it; secrets stay "$NAME" references."""
+        words = [f'"${a.name}"' if isinstance(a, EnvRef) else shlex.quote(a) for a in self.argv]
+        env = [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
+        return " \\\n  ".join([*env, " ".join(words[:3]), *_pairs(words[3:])])
+
+    def as_json(self) -> dict:
+        return {
+            "argv": [f"${a.name}" if isinstance(a, EnvRef) else a for a in self.argv],
+            "env": self.env,
+            "sglang": self.sglang,
+            "warnings": self.warnings,
+        }
+
+
+def _pairs(words: list[str]) -> list[str]:
+    """One flag per line, with its value."""
+    lines: list[str] = []
+    for word in words:
+        if word.startswith("--") or not lines:
+            lines.append(word)
+        else:
+            lines[-1] += " " + word
+    return lines
+
+
+class _Argv:
+    """Collects flags, checking each against the schema; errors are gathered, not raised."""
+
+    def __init__(self, schema: FlagSchema, version: str) -> None:
+        self.schema, self.version = schema, version
+        self.argv: list[str | EnvRef] = []
+        self.errors: list[str] = []
+        self.warnings: list[str] = []
+
+    def has(self, spelling: str) -> bool:
+        flag = self.schema.get(spelling)
+        return flag is not None and not flag.deprecated
+
+    def add(self, key: str, spellings: tuple[str, ...] | str, value=BARE) -> None:
+        spellings = (spellings,) if isinstance(spellings, str) else spellings
+        found = [self.schema.get(s) for s in spellings]
+        current = [(s, f) for s, f in zip(spellings, found) if f and not f.deprecated]
+        usable = current or [(s, f) for s, f in zip(spellings, found) if f]
+        if not usable:
+            near = self.schema.nearest(spellings[0])
+            self.errors.append(
+                f"{key}: sglang {self.version} has no {spellings[0]}" + (f" (nearest: {near})" if near else "")
+            )
+            return
+        spelling, flag = usable[0]
+        if not current:
+            self.warnings.append(f"{key}: {spelling} is deprecated in sglang {self.version}" + (f"; use {flag.replacement}" if flag.replacement else ""))
+        if value is BARE:
+            if flag.takes_value:
+                self.errors.append(f"{key}: {spelling} takes a value in sglang {self.version}")
+                return
+            self.argv.append(spelling)
+            return
+        if isinstance(value, EnvRef):
+            self.argv += [spelling, value]
+            return
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        if flag.choices is not None and text not in flag.choices:
+            self.errors.append(f"{key} = {text!r}: sglang {self.version} accepts {', '.join(flag.choices)} for {spelling}")
+            return
+        self.argv += [spelling, text]
+
+
+def check_version(profile: Profile, version: str) -> list[str]:
+    """An error below the proven range ("needs sglang >= X"), a warning above it."""
+    if not profile.sglang or SpecifierSet(profile.sglang).contains(Version(version), prereleases=True):
+        return []
+    floors = [s.version for s in SpecifierSet(profile.sglang) if s.operator in (">=", ">", "==", "~=")]
+    if any(Version(version) < Version(f) for f in floors):
+        raise UserError(
+            f"profile {profile.name} needs sglang {profile.sglang}; installed: {version}",
+            f"pip install -U 'sglang{profile.sglang}' (then sm120kit patch --verify)",
+        )
+    return [f"profile {profile.name} is proven on sglang {profile.sglang}; installed {version} is not in that range"]
+
+
+def render(profile: Profile, schema: FlagSchema, python: str = "python3") -> Launch:
+    warnings = check_version(profile, schema.version)
+    out = _Argv(schema, schema.version)
+    m, p, e, s = profile.model, profile.parallel, profile.engine, profile.server
+
+    if m.path:
+        out.add("model.path", "--model-path", m.path)
+    if m.served_name:
+        out.add("model.served_name", "--served-model-name", m.served_name)
+    if m.quantization:
+        out.add("model.quantization", "--quantization", m.quantization)
+    if m.trust_remote_code:
+        out.add("model.trust_remote_code", "--trust-remote-code")
+    if m.context_length:
+        out.add("model.context_length", "--context-length", m.context_length)
+
+    out.add("parallel.tp", ("--tp-size", "--tensor-parallel-size"), p.tp)
+    for key, flag, value in (("pp", "--pp-size", p.pp), ("dp", "--dp-size", p.dp)):
+        if value > 1:
+            out.add(f"parallel.{key}", flag, value)
+    if p.ep:
+        out.add("parallel.ep", ("--ep-size", "--expert-parallel-size"), p.ep)
+    if p.nnodes > 1:
+        out.add("parallel.nnodes", "--nnodes", p.nnodes)
+        out.add("parallel.node_rank", "--node-rank", p.node_rank)
+        if p.dist_init_addr:
+            out.add("parallel.dist_init_addr", "--dist-init-addr", p.dist_init_addr)
+
+    kv_cache_dtype = _kv_cache_dtype(profile, warnings)
+    for key, spellings, value in (
+        ("engine.moe_runner_backend", "--moe-runner-backend", e.moe_runner_backend),
+        ("engine.attention_backend", "--attention-backend", e.attention_backend),
+        ("engine.prefill_attention_backend", "--prefill-attention-backend", e.prefill_attention_backend),
+        ("engine.decode_attention_backend", "--decode-attention-backend", e.decode_attention_backend),
+        ("engine.dsa_prefill_backend", ("--dsa-prefill-backend", "--nsa-prefill-backend"), e.dsa_prefill_backend),
+        ("engine.dsa_decode_backend", ("--dsa-decode-backend", "--nsa-decode-backend"), e.dsa_decode_backend),
+        ("engine.kv_cache_dtype", "--kv-cache-dtype", kv_cache_dtype),
+        ("engine.fp4_gemm_backend", "--fp4-gemm-backend", e.fp4_gemm_backend),
+        ("engine.max_running_requests", "--max-running-requests", e.max_running_requests),
+        ("engine.mem_fraction_static", "--mem-fraction-static", e.mem_fraction_static),
+        ("engine.chunked_prefill_size", "--chunked-prefill-size", e.chunked_prefill_size),
+    ):
+        if value is not None:
+            out.add(key, spellings, value)
+    _cuda_graphs(out, e)
+    if not e.radix_cache:
+        out.add("engine.radix_cache", "--disable-radix-cache")
+    if e.disable_shared_experts_fusion:
+        out.add("engine.disable_shared_experts_fusion", "--disable-shared-experts-fusion")
+    if not e.flashinfer_autotune:
+        out.add("engine.flashinfer_autotune", "--disable-flashinfer-autotune")
+
+    out.add("server.host", "--host", s.host)
+    out.add("server.port", "--port", s.port)
+    if s.api_key_env:
+        out.add("server.api_key_env", "--api-key", EnvRef(s.api_key_env))
+    elif s.host not in LOOPBACK:
+        warnings.append(f"server.host = {s.host}: a public bind WITHOUT an API key (allow_public_without_key is set)")
+
+    for flag, value in profile.extra_args.items():
+        if value is None or value is False:
+            continue
+        out.add(f"extra_args.{flag!r}", flag, BARE if value is True else value)
+
+    if out.errors:
+        raise UserError(
+            f"profile {profile.name} ({profile.source}) does not fit sglang {schema.version}:\n  " + "\n  ".join(out.errors),
+            f"fix the profile or override with --set; `sm120kit profile show {profile.name}` prints what it resolved to",
+        )
+    return Launch([python, "-m", "sglang.launch_server", *out.argv], dict(profile.env), schema.version, warnings + out.warnings)
+
+
+def _cuda_graphs(out: _Argv, e) -> None:
+    """Off: --disable-cuda-graph while it is current; the per-phase backends once it is
+    deprecated (0.5.14+). The max batch size was split per phase in 0.5.20."""
+    if not e.cuda_graphs:
+        new = ("--cuda-graph-backend-decode", "--cuda-graph-backend-prefill")
+        if out.has("--disable-cuda-graph") or not all(out.has(f) for f in new):
+            out.add("engine.cuda_graphs", "--disable-cuda-graph")
+        else:
+            for flag in new:
+                out.add("engine.cuda_graphs", flag, "disabled")
+    if e.cuda_graph_max_bs is not None:
+        out.add("engine.cuda_graph_max_bs", ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"), e.cuda_graph_max_bs)
+
+
+def _kv_cache_dtype(profile: Profile, warnings: list[str]) -> str | None:
+    """GLM-5 on a non-DSA attention backend with an fp8 KV cache gives garbled output (and
+    took the page_table path): render bf16 unless the profile insists."""
+    e = profile.engine
+    model = (profile.model.path or "").lower()
+    glm5 = "glm-5" in model or "glm5" in model
+    non_dsa = e.attention_backend is not None and e.attention_backend not in DSA_BACKENDS
+    fp8 = e.kv_cache_dtype in (None, "auto") or (e.kv_cache_dtype or "").startswith("fp8")
+    if not (glm5 and non_dsa and fp8) or e.insist_kv_cache_dtype:
+        return e.kv_cache_dtype
+    warnings.append(
+        f"engine.kv_cache_dtype = {e.kv_cache_dtype or 'auto'}: GLM-5 on attention backend {e.attention_backend} "
+        "with an fp8 KV cache gives garbled output; rendering bf16 (set engine.insist_kv_cache_dtype = true to keep it)"
+    )
+    return "bf16"

@@ -1,0 +1,110 @@
+"""Shipped profiles rendered for the flag schema of every sglang release 0.5.9-0.5.23,
+read from the real wheels: golden argv for glm5-nvfp4, every flag accepted by the release
+it is rendered for, and the guard rails."""
+
+from __future__ import annotations
+
+import functools
+import json
+import zipfile
+
+import fetch_wheels
+import pytest
+from conftest import ROOT, WINDOW, install
+
+from sm120kit.errors import UserError
+from sm120kit.profiles.flags import schema_from_sources
+from sm120kit.profiles.loader import list_profiles, load_profile
+from sm120kit.profiles.render import EnvRef, render
+
+# The servable ones: a node profile such as sm120-base names no model and is only extended.
+SHIPPED = [name for name, _, _ in list_profiles([]) if load_profile(name, []).model.path]
+GOLDEN = ROOT / "tests" / "fixtures" / "golden"
+
+
+@functools.lru_cache(maxsize=None)
+def schema(version: str):
+    with zipfile.ZipFile(fetch_wheels.fetch("sglang", version)) as zf:
+        names = set(zf.namelist())
+        return schema_from_sources(version, lambda relpath: zf.read(relpath) if relpath in names else None)
+
+
+def argv_pairs(argv) -> dict[str, str | None]:
+    """--flag value pairs of an argv (after `python -m sglang.launch_server`)."""
+    pairs: dict[str, str | None] = {}
+    words = [a for a in argv[3:]]
+    for i, word in enumerate(words):
+        if isinstance(word, str) and word.startswith("--"):
+            nxt = words[i + 1] if i + 1 < len(words) else None
+            pairs[word] = None if (nxt is None or (isinstance(nxt, str) and nxt.startswith("--"))) else nxt
+    return pairs
+
+
+@pytest.mark.parametrize("version", WINDOW)
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_profile_renders_for_every_release(name, version):
+    launch = render(load_profile(name, []), schema(version))
+    flags = schema(version)
+    for flag, value in argv_pairs(launch.argv).items():
+        spec = flags.get(flag)
+        assert spec is not None and not spec.deprecated, (flag, version)
+        if spec.choices is not None and isinstance(value, str):
+            assert value in spec.choices, (flag, value, version)
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.13", "0.5.23"])
+def test_glm5_golden_argv(version):
+    launch = render(load_profile("glm5-nvfp4", []), schema(version), python="python3")
+    golden = GOLDEN / f"glm5-nvfp4-sglang-{version}.json"
+    assert launch.as_json() == json.loads(golden.read_text()), f"regenerate {golden.name} only for a deliberate change"
+
+
+def test_spellings_follow_the_release():
+    base = load_profile("glm5-nvfp4", [], ["engine.dsa_prefill_backend=flashmla_sparse", "engine.cuda_graph_max_bs=32"])
+    old, mid, new = (argv_pairs(render(base, schema(v)).argv) for v in ("0.5.9", "0.5.13", "0.5.23"))
+    assert "--nsa-prefill-backend" in old and "--dsa-prefill-backend" not in old
+    assert "--dsa-prefill-backend" in mid and "--dsa-prefill-backend" in new
+    assert "--disable-cuda-graph" in old
+    assert "--disable-cuda-graph" not in new and new.get("--cuda-graph-backend-decode") == "disabled"
+    assert old.get("--cuda-graph-max-bs") == "32" and new.get("--cuda-graph-max-bs-decode") == "32"
+    assert "--cuda-graph-max-bs" not in new
+
+
+def test_glm5_fp8_kv_on_flashinfer_is_rendered_bf16_unless_insisted():
+    profile = load_profile("glm5-nvfp4", [], ["engine.kv_cache_dtype=fp8_e4m3"])
+    launch = render(profile, schema("0.5.23"))
+    assert argv_pairs(launch.argv)["--kv-cache-dtype"] == "bf16"
+    assert any("garbled" in w for w in launch.warnings)
+    insisted = load_profile("glm5-nvfp4", [], ["engine.kv_cache_dtype=fp8_e4m3", "engine.insist_kv_cache_dtype=true"])
+    assert argv_pairs(render(insisted, schema("0.5.23")).argv)["--kv-cache-dtype"] == "fp8_e4m3"
+
+
+def test_api_key_comes_from_the_environment_never_the_argv_text():
+    profile = load_profile("glm5-nvfp4", [], ["server.host=0.0.0.0", "server.api_key_env=SGLANG_API_KEY"])
+    launch = render(profile, schema("0.5.23"))
+    assert EnvRef("SGLANG_API_KEY") in launch.argv
+    assert '--api-key "$SGLANG_API_KEY"' in launch.shell()
+
+
+@pytest.mark.parametrize(
+    "sets, says",
+    [
+        (["engine.moe_runner_backend=flashinfer_cutlas"], "accepts"),
+        (["extra_args.--no-such-flag=1"], "has no --no-such-flag"),
+        (["sglang=>=0.6"], "needs sglang >=0.6"),
+    ],
+)
+def test_what_the_release_does_not_accept_is_an_error(sets, says):
+    with pytest.raises(UserError) as err:
+        render(load_profile("glm5-nvfp4", [], sets), schema("0.5.23"))
+    assert says in str(err.value)
+
+
+def test_serve_dry_run_prints_the_command_and_starts_nothing(cli, site):
+    install(site, "0.5.23", flashinfer=False)
+    code, out, err = cli("serve", "glm5-nvfp4", "--dry-run", "--site", site)
+    assert code == 0, err
+    assert "NCCL_P2P_LEVEL=SYS" in out and "python3 -m sglang.launch_server" in out
+    assert "--moe-runner-backend flashinfer_cutlass" in out and "--tp-size 8" in out
+    code, out, err = cli("serve", "glm5-nvfp4", "--site", site)
+    assert code == 2 and "--dry-run" in err
