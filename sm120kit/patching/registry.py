@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
+from sm120kit import search
 from sm120kit.errors import UserError
 from sm120kit.patching.spec import Patch
 
@@ -22,22 +22,11 @@ ENV_VAR = "SM120KIT_PATCH_PATH"
 
 
 def shipped_dir() -> Path:
-    """Inside the wheel: sm120kit/_shipped/patches. In a source checkout: ./patches."""
-    here = Path(__file__).resolve().parent.parent
-    packaged = here / "_shipped" / "patches"
-    return packaged if packaged.is_dir() else here.parent / "patches"
+    return search.shipped("patches")
 
 
 def search_path(patch_dirs: list[str] | None = None) -> list[Path]:
-    user = [Path(d).expanduser() for d in patch_dirs or []]
-    user += [Path(d).expanduser() for d in os.environ.get(ENV_VAR, "").split(os.pathsep) if d]
-    for d in user:
-        if not d.is_dir():
-            raise UserError(
-                f"patch directory {d} does not exist",
-                f"check --patch-dir and ${ENV_VAR}",
-            )
-    return [*user, shipped_dir()]
+    return search.search_path("patches", "--patch-dir", ENV_VAR, patch_dirs, shipped_dir())
 
 
 def _load_module(path: Path) -> Patch:

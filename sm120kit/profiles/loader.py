@@ -19,6 +19,7 @@ from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
+from sm120kit import search
 from sm120kit.errors import UserError
 from sm120kit.profiles.model import Profile
 
@@ -33,20 +34,12 @@ Path_ = tuple[str | int, ...]
 
 
 def shipped_dir() -> Path:
-    """Inside the wheel: sm120kit/_shipped/profiles. In a source checkout: ./profiles."""
-    here = Path(__file__).resolve().parent.parent
-    packaged = here / "_shipped" / "profiles"
-    return packaged if packaged.is_dir() else here.parent / "profiles"
+    return search.shipped("profiles")
 
 
 def search_path(dirs: list[str] | None = None) -> list[Path]:
     """--profile-dir DIRs, then $SM120KIT_PROFILE_PATH, then the shipped profiles."""
-    user = [Path(d).expanduser() for d in dirs or []]
-    user += [Path(d).expanduser() for d in os.environ.get(ENV_VAR, "").split(os.pathsep) if d]
-    for d in user:
-        if not d.is_dir():
-            raise UserError(f"profile directory {d} does not exist", f"check --profile-dir and ${ENV_VAR}")
-    return [*user, shipped_dir()]
+    return search.search_path("profiles", "--profile-dir", ENV_VAR, dirs, shipped_dir())
 
 
 def _index(dirs: list[Path]) -> dict[str, Path]:

@@ -1,0 +1,26 @@
+"""Where patches and profiles come from: the user's directories first (a command-line
+option, then an environment variable), then the set shipped in the wheel. Nothing else."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sm120kit.errors import UserError
+
+
+def shipped(kind: str) -> Path:
+    """Inside the wheel: sm120kit/_shipped/<kind>. In a source checkout: ./<kind>."""
+    here = Path(__file__).resolve().parent
+    packaged = here / "_shipped" / kind
+    return packaged if packaged.is_dir() else here.parent / kind
+
+
+def search_path(kind: str, option: str, env_var: str, dirs: list[str] | None, last: Path) -> list[Path]:
+    """The user's directories (checked to exist), then `last` (the shipped set)."""
+    user = [Path(d).expanduser() for d in dirs or []]
+    user += [Path(d).expanduser() for d in os.environ.get(env_var, "").split(os.pathsep) if d]
+    for d in user:
+        if not d.is_dir():
+            raise UserError(f"{kind[:-1]} directory {d} does not exist", f"check {option} and ${env_var}")
+    return [*user, last]
