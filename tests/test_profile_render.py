@@ -108,3 +108,14 @@ def test_serve_dry_run_prints_the_command_and_starts_nothing(cli, site):
     assert "--moe-runner-backend flashinfer_cutlass" in out and "--tp-size 8" in out
     code, out, err = cli("serve", "glm5-nvfp4", "--site", site)
     assert code == 2 and "--dry-run" in err
+
+
+def test_multi_node_renders_sglangs_own_flags_and_node_rank_overrides(cli, site):
+    install(site, "0.5.23", flashinfer=False)
+    sets = ["--set", "parallel.nnodes=2", "--set", "parallel.dist_init_addr=node0:5000"]
+    code, doc = cli.json("serve", "glm5-nvfp4", "--dry-run", "--site", site, *sets, "--node-rank", "1")
+    pairs = argv_pairs(doc["argv"])
+    assert code == 0 and pairs["--nnodes"] == "2" and pairs["--node-rank"] == "1"
+    assert pairs["--dist-init-addr"] == "node0:5000"
+    code, _, err = cli("serve", "glm5-nvfp4", "--dry-run", "--site", site, *sets, "--node-rank", "2")
+    assert code == 2 and "node_rank" in err
