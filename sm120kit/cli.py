@@ -328,6 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("sm120kit: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): not our error, nothing to say
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # what a shell reports for a process ended by SIGPIPE
     except Exception as exc:  # a bug: say so plainly; the traceback is for --debug
         if args.debug:
             raise

@@ -64,10 +64,12 @@ def lost_messages(plan: Plan) -> list[str]:
     """The plain account of what an upgrade (or a reinstall) did to our patches."""
     by_patch = {f.patch.id: f for f in plan.findings}
     by_file = {(f.patch.id, f.path): f for f in plan.findings}
-    messages = []
+    messages: list[str] = []
     for lost in plan.lost:
         now = by_file.get((lost.patch_id, lost.path)) or by_patch.get(lost.patch_id)
-        messages.append(f"{_lost_head(lost)}; {_lost_tail(lost, now)}")
+        message = f"{_lost_head(lost)}; {_lost_tail(lost, now)}"
+        if message not in messages:  # a patch of several files is one story
+            messages.append(message)
     return messages
 
 

@@ -37,8 +37,10 @@ def test_unknown_patch_id(cli, site10):
 
 
 def test_target_without_sglang(cli, site):
-    err = assert_refused(cli, site, "patch", "--site", site, says="sglang is not installed in site")
+    err = assert_refused(cli, site, "patch", "--site", site, says="none of flashinfer-python, sglang is installed in site")
     assert "--python" in err
+    only = ("--only", "sglang-dsa-page-table-guard")
+    assert_refused(cli, site, "patch", "--site", site, *only, says="sglang is not installed in site")
 
 
 def test_missing_site_dir(cli, tmp_path):

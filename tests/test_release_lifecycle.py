@@ -75,6 +75,8 @@ def test_lifecycle(version, site, cli):
             tail = "re-applied" if Version(upgrade) < Version("0.5.13") else "not needed any more (fixed upstream in 0.5.13)"
             assert f"sglang {version} -> {upgrade}: patch {AUTOTUNE} was lost in the upgrade; {tail}" in out
         assert "verified: every patch is in place" in out
+        lost = [line for line in out.splitlines() if "was lost" in line]
+        assert len(lost) == len(set(lost))  # one line per patch and outcome
         installed = new
 
     # unpatch: back to the wheels' bytes, as RECORD says; no state left behind.

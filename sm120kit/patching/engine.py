@@ -224,9 +224,10 @@ def plan(target: Target, patches: list[Patch], force: bool = False, *, cache: bo
             )
 
     if patches and not installed:
-        names = ", ".join(sorted(by_package))
+        names = sorted(by_package)
+        missing = f"{names[0]} is not installed" if len(names) == 1 else f"none of {', '.join(names)} is installed"
         raise UserError(
-            f"{names} is not installed in {target.description}: nothing to do",
+            f"{missing} in {target.description}: nothing to do",
             "point sm120kit at the serving environment with --python /path/to/venv/bin/python or --site DIR",
         )
     return result
