@@ -107,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     _target_args(p)
     _common(p)
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("diagnose", help="match a server log against known SM120 failure signatures")
+    p.add_argument("log", help="an sglang server log file ('-' for standard input)")
+    p.add_argument("--tail", type=int, default=400, metavar="N", help="look at the last N lines (default 400)")
+    _common(p)
+    p.set_defaults(func=cmd_diagnose)
     return parser
 
 
@@ -306,6 +312,27 @@ def cmd_serve(args) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     print(launch.shell())
     return 0
+
+
+def cmd_diagnose(args) -> int:
+    """Exit 0: no known signature; 1: one or more found; 2: bad input."""
+    from sm120kit import report
+    from sm120kit.errors import UserError
+    from sm120kit.serve.diagnose import diagnose
+
+    try:
+        text = sys.stdin.read() if args.log == "-" else open(args.log, encoding="utf-8", errors="replace").read()
+    except OSError as exc:
+        raise UserError(f"cannot read the log {args.log}: {exc.strerror}", "pass the server's log file, or - for standard input") from None
+    found = diagnose(text, args.tail)
+    if args.json:
+        report.emit_json({"log": args.log, "diagnoses": [d.as_json() for d in found], "exit_code": int(bool(found))})
+        return int(bool(found))
+    if not found:
+        print(f"no known SM120 failure signature in the last {args.tail} lines of {args.log}")
+    for d in found:
+        print(f"{d.id}: {d.title}\n  log:    {d.line}\n  advice: {d.advice}")
+    return int(bool(found))
 
 
 def main(argv: list[str] | None = None) -> int:

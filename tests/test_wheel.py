@@ -51,3 +51,10 @@ def test_status_on_a_site(installed, site):
     assert ["sglang-moe-autotune-flashinfer-cutlass", "sglang", "0.5.10", "would-apply", "0.5.13"] in rows
     done = subprocess.run([installed, "patch", "--verify", "--site", site], capture_output=True, text=True)
     assert done.returncode == 0 and "verified" in done.stdout, done.stderr
+
+
+def test_failure_signatures_ship(installed, tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("AttributeError: 'PrefillMetadata' object has no attribute 'page_table_1_flattened'\n")
+    done = subprocess.run([installed, "diagnose", log], capture_output=True, text=True)
+    assert done.returncode == 1 and "dsa-page-table" in done.stdout, done.stderr

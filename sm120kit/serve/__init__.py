@@ -1,0 +1,1 @@
+"""Running sglang: failure diagnosis (the supervisor builds on it)."""
