@@ -134,7 +134,7 @@ def test_missing_patch_dir(cli, site10, tmp_path):
 
 def test_json_error_document(cli, site):
     code, doc = cli.json("status", "--site", site)
-    assert code == 2 and "not installed" in doc["error"] and doc["hint"]
+    assert code == 2 and "is installed in site" in doc["error"] and doc["hint"]
 
 
 def test_lost_ledger_is_still_recognised(cli, site10):
