@@ -30,7 +30,7 @@ def _first_line(text: str, debug: bool) -> str:
 
 
 def patch_listing(patches: list[Patch], shipped: str) -> tuple[str, list[dict]]:
-    docs, rows = [], []
+    docs, rows, details = [], [], []
     for p in patches:
         origin = "shipped" if p.source.startswith(shipped) else p.source
         docs.append(
@@ -47,14 +47,12 @@ def patch_listing(patches: list[Patch], shipped: str) -> tuple[str, list[dict]]:
             }
         )
         rows.append([p.id, p.package, " | ".join(r.versions for r in p.rewrites), p.fixed_in or "open", p.summary])
-    text = table(["PATCH", "PACKAGE", "RELEASES", "FIXED IN", "SUMMARY"], rows)
-    for p in patches:
-        text += f"\n\n{p.id} (r{p.revision}, {'shipped' if p.source.startswith(shipped) else p.source})\n  {p.why}"
+        detail = f"{p.id} (r{p.revision}, {origin})\n  {p.why}"
         if p.refs:
-            text += f"\n  upstream: {', '.join(p.refs)}"
-        for r in p.rewrites:
-            text += f"\n  {r.versions:<22} {r.path}"
-    return text, docs
+            detail += f"\n  upstream: {', '.join(p.refs)}"
+        details.append(detail + "".join(f"\n  {r.versions:<22} {r.path}" for r in p.rewrites))
+    text = table(["PATCH", "PACKAGE", "RELEASES", "FIXED IN", "SUMMARY"], rows)
+    return "\n\n".join([text, *details]), docs
 
 
 # -- patch / status --------------------------------------------------------------------

@@ -58,10 +58,6 @@ class Distribution:
         url = urlparse(info.get("url", ""))
         return Path(unquote(url.path)) if url.scheme == "file" else None
 
-    @property
-    def editable(self) -> bool:
-        return self.editable_root is not None
-
     @cached_property
     def _record_text(self) -> str:
         try:

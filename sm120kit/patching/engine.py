@@ -125,7 +125,7 @@ def _transform(
     import libcst as cst
 
     def finding(patch: Patch, rewrite: Rewrite, outcome: Outcome, detail: str = "") -> Finding:
-        return Finding(patch, outcome, detail, version, relpath, rewrite.fixed_in or patch.fixed_in)
+        return Finding(patch, outcome, detail, version, relpath, patch.fixed_in_for(rewrite))
 
     try:
         module = cst.parse_module(source)
@@ -148,7 +148,7 @@ def _transform(
         elif isinstance(result, AlreadyApplied):
             findings.append(finding(patch, rewrite, Outcome.ALREADY_APPLIED))
         elif isinstance(result, FixedUpstream):
-            fixed_in = rewrite.fixed_in or patch.fixed_in
+            fixed_in = patch.fixed_in_for(rewrite)
             detail = f"fixed upstream in {fixed_in}: {result.reason}" if fixed_in else result.reason
             findings.append(finding(patch, rewrite, Outcome.FIXED_UPSTREAM, detail))
         elif isinstance(result, AnchorMissing):
@@ -203,7 +203,9 @@ def plan(target: Target, patches: list[Patch], force: bool = False, *, cache: bo
             result.findings += [Finding(p, Outcome.NOT_APPLICABLE, f"{package} is not installed") for p in group]
             continue
         installed += 1
-        ledger = result.ledgers.setdefault(dist.site, Ledger.load(dist.site))
+        if dist.site not in result.ledgers:  # sglang and flashinfer usually share one
+            result.ledgers[dist.site] = Ledger.load(dist.site)
+        ledger = result.ledgers[dist.site]
         per_file: dict[str, list[tuple[Patch, Rewrite]]] = defaultdict(list)
         for patch in group:
             rewrites = patch.rewrites_for(dist.version)
@@ -277,7 +279,7 @@ def _verdicts(before: bytes, digest: str, items, version: str, relpath: str, cac
         hits = [outcome_cache.get(k) for k in keys]
         if all(hits) and not (need_bytes and any(h["outcome"] == Outcome.WOULD_APPLY.value for h in hits)):
             return None, [
-                Finding(p, Outcome(h["outcome"]), h["detail"], version, relpath, r.fixed_in or p.fixed_in)
+                Finding(p, Outcome(h["outcome"]), h["detail"], version, relpath, p.fixed_in_for(r))
                 for (p, r), h in zip(items, hits)
             ]
     after, findings = _transform(before, items, version, relpath)

@@ -104,5 +104,9 @@ class Patch:
     def rewrites_for(self, version: str) -> list[Rewrite]:
         return [r for r in self.rewrites if r.covers(version)]
 
+    def fixed_in_for(self, rewrite: Rewrite) -> str | None:
+        """When upstream fixed this part: the rewrite's own release, else the patch's."""
+        return rewrite.fixed_in or self.fixed_in
+
     def is_fixed_in(self, version: str) -> bool:
         return self.fixed_in is not None and Version(version) >= Version(self.fixed_in)

@@ -15,10 +15,9 @@ from packaging.version import Version
 
 from sm120kit.errors import UserError
 from sm120kit.profiles.flags import FlagSchema
-from sm120kit.profiles.model import Profile
+from sm120kit.profiles.model import Profile, is_loopback
 
 BARE = object()  # a flag without a value
-LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 DSA_BACKENDS = {"nsa", "dsa"}
 
 
@@ -174,7 +173,7 @@ def render(profile: Profile, schema: FlagSchema, python: str = "python3") -> Lau
     out.add("server.port", "--port", s.port)
     if s.api_key_env:
         out.add("server.api_key_env", "--api-key", EnvRef(s.api_key_env))
-    elif s.host not in LOOPBACK:
+    elif not is_loopback(s.host):
         warnings.append(f"server.host = {s.host}: a public bind WITHOUT an API key (allow_public_without_key is set)")
 
     for flag, value in profile.extra_args.items():
