@@ -99,14 +99,31 @@ def build_parser() -> argparse.ArgumentParser:
     _common(v)
     v.set_defaults(func=cmd_profile_schema)
 
-    p = sub.add_parser("serve", help="launch sglang with a profile (--dry-run: print the exact command)")
+    p = sub.add_parser(
+        "serve", help="preflight, launch and supervise sglang with a profile until stopped",
+        description="Preflight the node, start sglang with the profile, wait until it generates, probe it, "
+        "restart it with backoff on death or hang, and stop it clean on Ctrl-C / SIGTERM.",
+        epilog="exit codes: 0 stopped on request, clean; 1 gave up after the crash-loop limit; "
+        "2 refused (preflight failed, bad input); 3 stopped, but a process or port was left",
+    )  # fmt: skip
     p.add_argument("name")
-    p.add_argument("--dry-run", action="store_true", help="print the argv and environment; start nothing")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="print the argv and environment; start nothing")
+    mode.add_argument("--check", action="store_true", help="run the preflight only; exit 1 if a check fails")
     p.add_argument("--node-rank", type=int, metavar="N", help="this node's rank in a multi-node profile")
+    p.add_argument("--kill-stale", action="store_true", help="stop stale sglang processes that the preflight finds")
+    p.add_argument("--no-patch-check", action="store_true", help="start even if the profile's patches are not in place")
+    p.add_argument("--no-gpu-check", action="store_true", help="skip the GPU count, compute capability and free-memory check")
+    p.add_argument("--quiet", action="store_true", help="do not echo the server's log (it is still written to the log file)")
+    p.add_argument("--patch-dir", action="append", metavar="DIR", help="also load patches from DIR (or $SM120KIT_PATCH_PATH)")
     _profile_args(p)
     _target_args(p)
     _common(p)
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("ps", help="what `sm120kit serve` runs here: status, since when, restarts, last health")
+    _common(p)
+    p.set_defaults(func=cmd_ps)
 
     p = sub.add_parser("diagnose", help="match a server log against known SM120 failure signatures")
     p.add_argument("log", help="an sglang server log file ('-' for standard input)")
@@ -251,7 +268,7 @@ def cmd_profile_show(args) -> int:
 
 
 def _launch(args):
-    """The profile rendered for the target's sglang."""
+    """(profile, its launch rendered for the target's sglang, the target)."""
     from sm120kit.errors import UserError
     from sm120kit.profiles.flags import read_schema
     from sm120kit.profiles.loader import load_profile
@@ -270,13 +287,13 @@ def _launch(args):
             "point sm120kit at the serving environment with --python EXE or --site DIR",
         )
     python = args.python or ("python3" if args.site else sys.executable)
-    return render(profile, read_schema(dist), python)
+    return profile, render(profile, read_schema(dist), python), target
 
 
 def cmd_profile_check(args) -> int:
     from sm120kit import report
 
-    launch = _launch(args)
+    _, launch, _ = _launch(args)
     if args.json:
         report.emit_json({"profile": args.name, "ok": True, **launch.as_json()})
         return 0
@@ -299,18 +316,48 @@ def cmd_serve(args) -> int:
     from sm120kit import report
     from sm120kit.errors import UserError
 
-    launch = _launch(args)
-    if not args.dry_run:
+    if args.site and not args.dry_run:
         raise UserError(
-            "this sm120kit cannot supervise the server yet: only the command it would run is ready",
-            f"sm120kit serve {args.name} --dry-run, then run that command",
+            "--site names packages, not a python that can run the server",
+            f"give the serving environment's interpreter: sm120kit serve {args.name} --python EXE (or --dry-run)",
         )
-    if args.json:
-        report.emit_json(launch.as_json())
+    profile, launch, target = _launch(args)
+    if args.dry_run:
+        if args.json:
+            report.emit_json(launch.as_json())
+            return 0
+        for warning in launch.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        print(launch.shell())
         return 0
-    for warning in launch.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    print(launch.shell())
+    from sm120kit.serve import command
+
+    if args.check:
+        checks, _ = command.run_checks(profile, launch, target, args)
+        code = int(any(c.ok is False for c in checks))
+        if args.json:
+            report.emit_json({"profile": profile.name, "sglang": launch.sglang, "checks": [c.as_json() for c in checks], "warnings": launch.warnings, "exit_code": code})
+            return code
+        for warning in launch.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        print(f"preflight for {profile.name} (sglang {launch.sglang}):")
+        command.print_checks(checks)
+        return code
+    return command.serve(profile, launch, target, args)
+
+
+def cmd_ps(args) -> int:
+    from sm120kit import report
+    from sm120kit.serve.rundir import runs, serve_root
+
+    found = runs()
+    if args.json:
+        report.emit_json({"runs": found})
+        return 0
+    if not found:
+        print(f"nothing served here yet (no run under {serve_root()})")
+        return 0
+    print(report.table(["PROFILE", "STATUS", "SUPERVISOR", "SERVER", "SINCE", "RESTARTS", "LAST HEALTH", "PORT"], [report.ps_row(r) for r in found]))
     return 0
 
 

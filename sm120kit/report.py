@@ -1,9 +1,10 @@
-"""Human tables and --json documents for the patch commands (no logic of their own)."""
+"""Human tables and --json documents for the commands (no logic of their own)."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Iterable, Sequence
 
 from sm120kit.patching.engine import Finding, Lost, Plan, Restore
@@ -146,3 +147,28 @@ def restore_table(rows: list[Restore]) -> str:
         ["FILE", "PACKAGE", "VERSION", "PATCHES", "OUTCOME", "DETAIL"],
         [[r.path, r.package, r.version, ",".join(r.patch_ids), r.outcome, r.detail] for r in rows],
     )
+
+
+# -- serve -----------------------------------------------------------------------------
+
+
+def _ago(then: float | None) -> str:
+    if not then:
+        return "-"
+    seconds = max(0, int(time.time() - then))
+    if seconds < 120:
+        return f"{seconds}s ago"
+    if seconds < 7200:
+        return f"{seconds // 60}m ago"
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(then))
+
+
+def ps_row(run: dict) -> list[str]:
+    """One line of `sm120kit ps` from a run's state.json."""
+    health = run.get("last_health") or {}
+    last = f"{'ok' if health.get('ok') else 'FAILED'} {health.get('detail', '')} ({_ago(health.get('at'))})" if health else "-"
+    supervisor = str(run.get("supervisor_pid", "-")) + ("" if run.get("running") else " (gone)")
+    return [
+        run.get("profile", "?"), run.get("status", "?"), supervisor, str(run.get("server_pid") or "-"),
+        _ago(run.get("since")), str(run.get("restarts", 0)), last, f"{run.get('host', '?')}:{run.get('port', '?')}",
+    ]  # fmt: skip

@@ -138,6 +138,8 @@ class Health(BaseModel):
     max_restarts: int = Field(5, ge=0, description="Restarts before giving up (crash-loop limit).")
     backoff_initial_s: float = Field(5.0, gt=0, description="First delay before a restart; doubles each time.")
     backoff_max_s: float = Field(300.0, gt=0, description="Longest delay between restarts.")
+    stable_after_s: float = Field(600.0, gt=0, description="A run that stayed ready this long resets the crash-loop count and the backoff.")
+    stop_timeout_s: float = Field(60.0, gt=0, description="Seconds between SIGTERM to the server's processes and SIGKILL (sglang's own drain has no deadline).")
 
     @model_validator(mode="after")
     def _backoff_order(self) -> Health:

@@ -1,0 +1,93 @@
+"""`sm120kit serve NAME`: one supervisor per profile (a lock in its run directory), the
+preflight, then the supervisor in the foreground until a stop signal or the crash-loop
+limit."""
+
+from __future__ import annotations
+
+import sys
+
+from sm120kit.errors import UserError
+from sm120kit.profiles.render import EnvRef, Launch
+from sm120kit.serve import preflight
+from sm120kit.serve.probe import probe_host
+from sm120kit.serve.rundir import Record, serve_root
+
+MARKS = {True: "ok  ", False: "FAIL", None: "skip"}
+
+
+def print_checks(checks: list[preflight.Check], out=sys.stdout) -> None:
+    for c in checks:
+        out.write(f"  {MARKS[c.ok]} {c.name}: {c.detail}\n" + (f"       -> {c.hint}\n" if c.hint and c.ok is not True else ""))
+    out.flush()
+
+
+def resolve_argv(launch: Launch, env: dict[str, str]) -> tuple[list[str], list[str], str | None]:
+    """(argv to run, argv to show, api key): the key comes from the environment at launch."""
+    key = None
+    argv, shown = [], []
+    for a in launch.argv:
+        if isinstance(a, EnvRef):
+            key = env.get(a.name, "")
+            argv.append(key)
+            shown.append(f"${a.name}")
+        else:
+            argv.append(a)
+            shown.append(a)
+    return argv, shown, key
+
+
+def run_checks(profile, launch: Launch, target, args) -> tuple[list[preflight.Check], dict[str, str]]:
+    env = preflight.server_env(launch.env)
+    checks = [preflight.Check("profile", True, f"renders for sglang {launch.sglang}" + (f" ({len(launch.warnings)} warning(s) above)" if launch.warnings else ""))]
+    checks += preflight.run(
+        profile, target, env, patch_dirs=args.patch_dir, patch_check=not args.no_patch_check,
+        gpu_check=not args.no_gpu_check, kill_stale=args.kill_stale,
+    )  # fmt: skip
+    return checks, env
+
+
+def serve(profile, launch: Launch, target, args) -> int:
+    """Exit codes: 0 stopped on request and clean; 1 gave up (crash-loop limit); 2 refused
+    (preflight, bad input); 3 stopped, but a process or port of the server was left."""
+    from filelock import FileLock, Timeout
+
+    from sm120kit.serve.supervisor import Policy, Server, Supervisor
+
+    record = Record(serve_root() / profile.name)
+    lock = FileLock(str(record.dir / "supervisor.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        pid = record_pid(record)
+        raise UserError(
+            f"profile {profile.name} is already being served" + (f" by supervisor pid {pid}" if pid else ""),
+            "`sm120kit ps` shows it; stop it with `kill -TERM <pid>` (or Ctrl-C in its terminal)",
+        ) from None
+    try:
+        for warning in launch.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        print(f"preflight for {profile.name} (sglang {launch.sglang}):")
+        checks, env = run_checks(profile, launch, target, args)
+        print_checks(checks)
+        failed = [c for c in checks if c.ok is False]
+        record.event("preflight", ok=not failed, checks=[c.as_json() for c in checks])
+        if failed:
+            print(f"sm120kit: refusing to start {profile.name}: {len(failed)} preflight check(s) failed (see above)", file=sys.stderr)
+            return 2
+        argv, shown, key = resolve_argv(launch, env)
+        server = Server(
+            profile.name, argv, shown, env, probe_host(profile.server.host), profile.server.port,
+            preflight.port_plan(profile), api_key=key, check_gpus=not args.no_gpu_check,
+        )  # fmt: skip
+        return Supervisor(server, Policy.from_health(profile.health), record, echo=not args.quiet).run()
+    finally:
+        lock.release()
+
+
+def record_pid(record: Record) -> int | None:
+    import json
+
+    try:
+        return json.loads(record.state_file.read_text()).get("supervisor_pid")
+    except (OSError, ValueError):
+        return None

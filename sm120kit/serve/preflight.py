@@ -1,0 +1,146 @@
+"""Before a start: is this node ready for the profile? Each check returns a Check; the
+caller refuses to start while any check failed. Nothing here changes the node, except
+--kill-stale, which stops the stale sglang processes it found (and says which)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from sm120kit.profiles.model import Profile
+from sm120kit.serve import gpus as gpu_info
+from sm120kit.serve import procs
+
+ZMQ_TCP_PORT_DELTA = 233  # sglang server_args.py: dp-attention's ZMQ ports sit at --port + 233
+DP_ATTENTION_PORTS = 6  # dist_init_port, port_base, detokenizer, rpc, metrics, scheduler input
+STALE_STOP_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool | None  # None: could not check (a warning, not a refusal)
+    detail: str
+    hint: str = ""
+
+    def as_json(self) -> dict:
+        return {"check": self.name, "ok": self.ok, "detail": self.detail, "hint": self.hint}
+
+
+def port_plan(profile: Profile) -> list[tuple[str, str, int]]:
+    """(what, host, port) for every TCP port the server will bind, from --port as sglang
+    derives them (PortArgs.init_new): the HTTP port; --nccl-port when the profile fixes it;
+    with --enable-dp-attention on one node, port+233 and the five after it; on rank 0 of a
+    multi-node server, the --dist-init-addr port."""
+    s, p, extra = profile.server, profile.parallel, profile.extra_args
+    plan = [("server.port", s.host, s.port)]
+    if extra.get("--nccl-port") not in (None, False, True):
+        plan.append(("--nccl-port", "127.0.0.1", int(extra["--nccl-port"])))
+    if extra.get("--enable-dp-attention") and p.nnodes == 1 and not p.dist_init_addr:
+        base = s.port + ZMQ_TCP_PORT_DELTA
+        base = base if base + DP_ATTENTION_PORTS <= 65535 else s.port - ZMQ_TCP_PORT_DELTA
+        plan += [("dp-attention (--port + 233)", "127.0.0.1", base + i) for i in range(DP_ATTENTION_PORTS)]
+    if p.nnodes > 1 and p.node_rank == 0 and p.dist_init_addr and ":" in p.dist_init_addr:
+        plan.append(("parallel.dist_init_addr", "0.0.0.0", int(p.dist_init_addr.rsplit(":", 1)[1])))
+    return plan
+
+
+def check_ports(plan: list[tuple[str, str, int]]) -> Check:
+    taken = []
+    for what, host, port in plan:
+        try:
+            if procs.port_in_use(host, port):
+                taken.append(f"{port} ({what}) is held by {procs.port_holder(port)}")
+        except OSError as exc:
+            return Check("ports", False, f"cannot bind {host}:{port} ({what}): {exc.strerror}", "check server.host in the profile")
+    if taken:
+        return Check("ports", False, "in use: " + "; ".join(taken), "stop that process, or pick another port: --set server.port=N")
+    return Check("ports", True, "free: " + ", ".join(str(port) for _, _, port in plan))
+
+
+def check_patches(profile: Profile, target, patch_dirs: list[str] | None) -> Check:
+    from sm120kit.patching import engine
+    from sm120kit.patching.registry import load_patches, select
+
+    if not profile.patches:
+        return Check("patches", True, "the profile needs none")
+    plan = engine.plan(target, select(load_patches(patch_dirs), profile.patches), need_bytes=False)
+    code = plan.exit_code(check=True)
+    if code == 0:
+        return Check("patches", True, f"{len(profile.patches)} in place, fixed upstream or not needed")
+    drift = sorted({f"{f.patch.id}: {f.outcome.value}" + (f" ({f.detail})" if f.detail and code == 2 else "") for f in plan.findings if f.outcome.is_error or f.outcome.value == "would-apply"})
+    hint = "run `sm120kit patch --verify`" if code == 1 else "run `sm120kit status` for the details"
+    return Check("patches", False, "not in place: " + "; ".join(drift), hint + " (or start anyway with --no-patch-check)")
+
+
+def check_gpus(profile: Profile, env: dict[str, str]) -> Check:
+    """Count, compute capability and free memory of the GPUs the server will see."""
+    need = profile.node.gpus
+    try:
+        found = gpu_info.visible(gpu_info.read_gpus(), env)
+    except gpu_info.NvmlUnavailable as exc:
+        return Check("gpus", None, f"not checked: {exc}", "pip install 'sm120kit[gpu]' on the GPU node")
+    problems = []
+    if len(found) < need:
+        problems.append(f"the profile needs {need} GPUs; {len(found)} visible")
+    want_cc = profile.node.compute_capability
+    wrong = [g for g in found[:need] if want_cc and g.capability != want_cc]
+    if wrong:
+        problems.append(f"the profile is for compute capability {want_cc}; " + ", ".join(f"GPU {g.index} ({g.name}) is {g.capability}" for g in wrong))
+    fraction = profile.engine.mem_fraction_static or 0.8
+    for g in found[:need]:
+        if g.free < fraction * g.total:
+            holders = ", ".join(f"pid {pid} ({used // gpu_info.MIB} MiB)" for pid, used in g.processes.items()) or "no process NVML can name"
+            problems.append(f"GPU {g.index} has {g.free // gpu_info.MIB} of {g.total // gpu_info.MIB} MiB free, below {fraction:g} of it; held by {holders}")
+    if problems:
+        return Check("gpus", False, "; ".join(problems), "free the GPUs (stale processes: --kill-stale), or --no-gpu-check to start anyway")
+    names = sorted({g.name for g in found[:need]})
+    return Check("gpus", True, f"{need} x {', '.join(names)} (compute capability {found[0].capability if found else '?'}), memory free")
+
+
+def check_stale(kill: bool, timeout: float = STALE_STOP_TIMEOUT_S) -> Check:
+    """sglang processes left from an earlier run (by title or by our marker)."""
+    from sm120kit.serve.rundir import runs
+
+    live = {r.get("marker") for r in runs() if r["running"]}  # another profile served by sm120kit right now
+    stale = [p for p in procs.scan(marker="", sglang=True) if p.marker is None or p.marker not in live]
+    if not stale:
+        return Check("stale processes", True, "none")
+    listing = "; ".join(p.line() for p in stale)
+    if not kill:
+        return Check("stale processes", False, f"{len(stale)} found: {listing}", "stop them yourself, or rerun with --kill-stale")
+    report = procs.stop(None, None, timeout, pids={p.pid for p in stale})
+    if report.left:
+        return Check("stale processes", False, "could not stop: " + "; ".join(p.line() for p in report.left), "they may belong to another user: ask root to stop them")
+    return Check("stale processes", True, f"stopped {len(stale)}: {listing}")
+
+
+def check_api_key(profile: Profile, env: dict[str, str]) -> Check | None:
+    name = profile.server.api_key_env
+    if not name:
+        return None
+    if not env.get(name):
+        return Check("api key", False, f"server.api_key_env = {name}, but ${name} is empty or not set", f"export {name}=<the key> before `sm120kit serve`")
+    return Check("api key", True, f"taken from ${name} (never printed)")
+
+
+def run(profile: Profile, target, env: dict[str, str], *, patch_dirs=None, patch_check=True, gpu_check=True, kill_stale=False) -> list[Check]:
+    checks = []
+    if api := check_api_key(profile, env):
+        checks.append(api)
+    if patch_check:
+        checks.append(check_patches(profile, target, patch_dirs))
+    else:
+        checks.append(Check("patches", None, "not checked (--no-patch-check)"))
+    checks.append(check_stale(kill_stale))
+    if gpu_check:
+        checks.append(check_gpus(profile, env))
+    else:
+        checks.append(Check("gpus", None, "not checked (--no-gpu-check)"))
+    checks.append(check_ports(port_plan(profile)))
+    return checks
+
+
+def server_env(profile_env: dict[str, str]) -> dict[str, str]:
+    """The server's environment: ours, with the profile's on top."""
+    return {**os.environ, **profile_env}

@@ -1,0 +1,292 @@
+"""The server's processes: start them in a session of their own, find them again (ours by
+an environment marker, stale sglang ones by title), stop them with a deadline and prove
+that none is left.
+
+sglang's schedulers can leave the launcher's tree (re-parented to PID 1 after a crash,
+sglang #23627, PR #31645) and then hold ~90 GB per GPU. Three things keep them in reach:
+every process of a run inherits SM120KIT_SERVE_ID; the supervisor is a child subreaper, so
+orphans are re-parented to it, not to PID 1; and the launcher dies with the supervisor
+(PR_SET_PDEATHSIG), so a killed supervisor leaves only what escaped on purpose.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+MARKER = "SM120KIT_SERVE_ID"
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+GROUP_GRACE_S = 2.0
+SGLANG_CMDLINE = ("sglang.launch_server", "sglang.srt.entrypoints", "sglang_router.launch_server")
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux
+        return False
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants are re-parented to this process (and reaped by it)."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def spawn(argv: list[str], env: dict[str, str], log_path: str) -> subprocess.Popen:
+    """argv in a new session (its own process group), stdout and stderr appended to the
+    log, killed if the supervisor dies."""
+    parent = os.getpid()
+
+    def tie_to_parent() -> None:  # runs in the child, after setsid
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the supervisor died before the prctl took effect
+            os._exit(1)
+
+    with open(log_path, "ab", buffering=0) as log:
+        return subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True, preexec_fn=tie_to_parent, close_fds=True,
+        )  # fmt: skip
+
+
+def reap() -> dict[int, int]:
+    """Collect every finished child (ours and adopted orphans): pid -> wait status."""
+    done = {}
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return done
+        if pid == 0:
+            return done
+        done[pid] = status
+
+
+def exit_description(status: int) -> tuple[int | None, str]:
+    """(exit code or None, "exit code 1" / "killed by SIGKILL")."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return None, f"killed by {signal.Signals(sig).name}"
+    code = os.waitstatus_to_exitcode(status)
+    return code, f"exit code {code}"
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    title: str
+    ppid: int
+    started: float
+    user: str
+    marker: str | None = None  # the run it belongs to (SM120KIT_SERVE_ID), if readable
+
+    def as_json(self) -> dict:
+        return {"pid": self.pid, "title": self.title, "ppid": self.ppid, "started": self.started, "user": self.user, "run": self.marker}
+
+    def line(self) -> str:
+        age = _age(time.time() - self.started)
+        orphan = ", orphaned (parent is PID 1)" if self.ppid == 1 else ""
+        return f"pid {self.pid} {self.title!r} (user {self.user}, up {age}{orphan})"
+
+
+def _age(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _title(cmdline: list[str], name: str) -> str:
+    return " ".join(cmdline)[:120] if cmdline else name
+
+
+def _is_sglang(cmdline: list[str], name: str) -> bool:
+    first = cmdline[0] if cmdline else ""
+    if first.startswith("sglang::") or name.startswith("sglang::"):
+        return True  # sglang's setproctitle names: sglang::scheduler_TP0, sglang::detokenizer, ...
+    joined = " ".join(cmdline[:4])
+    return any(word in joined for word in SGLANG_CMDLINE) or cmdline[1:3] == ["sglang", "serve"]
+
+
+def _mine_to_skip() -> set[int]:
+    me = psutil.Process()
+    return {me.pid, *(p.pid for p in me.parents())}
+
+
+def scan(marker: str | None = None, sglang: bool = False) -> list[Proc]:
+    """Live processes that carry our marker (any value when marker is "", that value
+    otherwise) and, with sglang=True, any that look like an sglang server process.
+    Zombies are not counted: they hold no memory and no port."""
+    skip = _mine_to_skip()
+    found = []
+    attrs = ["pid", "ppid", "name", "cmdline", "create_time", "username", "status"]
+    for proc in psutil.process_iter(attrs):
+        info = proc.info
+        if info["pid"] in skip or info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        cmdline, name = info["cmdline"] or [], info["name"] or ""
+        named = sglang and _is_sglang(cmdline, name)
+        value = _marker_of(proc) if named or marker is not None else None
+        if named or (value is not None and marker is not None and marker in ("", value)):
+            found.append(Proc(info["pid"], _title(cmdline, name), info["ppid"] or 0, info["create_time"] or 0.0, info["username"] or "?", value))
+    return found
+
+
+def _marker_of(proc: psutil.Process) -> str | None:
+    try:
+        return proc.environ().get(MARKER)
+    except (psutil.Error, OSError):
+        return None
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.info["pid"]) == pgid:
+                members.append(proc.info["pid"])
+        except (ProcessLookupError, PermissionError):
+            pass
+    return members
+
+
+@dataclass
+class StopReport:
+    processes: int = 0  # how many there were when the stop began
+    killed: list[int] = field(default_factory=list)  # needed SIGKILL
+    left: list[Proc] = field(default_factory=list)  # still there after SIGKILL
+    seconds: float = 0.0
+
+    @property
+    def clean(self) -> bool:
+        return not self.left
+
+    def as_json(self) -> dict:
+        return {"processes": self.processes, "sigkilled": self.killed, "left": [p.as_json() for p in self.left], "seconds": round(self.seconds, 3)}
+
+
+def _send(pgid: int | None, pids: set[int], sig: int) -> None:
+    if pgid:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.add(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _wait(pids: set[int], until: float, hurry, tick: float) -> set[int]:
+    alive = _alive(pids)
+    while alive and time.monotonic() < until and not hurry():
+        time.sleep(tick)
+        reap()
+        alive = _alive(alive)
+    return alive
+
+
+def members(pgid: int | None, marker: str | None) -> set[int]:
+    """The live processes of a run: its process group, and whatever carries its marker."""
+    pids = set(group_members(pgid)) if pgid else set()
+    return pids | {p.pid for p in scan(marker)} if marker else pids
+
+
+def describe(pids: set[int]) -> list[Proc]:
+    found = []
+    for pid in sorted(pids):
+        try:
+            p = psutil.Process(pid)
+            with p.oneshot():
+                found.append(Proc(pid, _title(p.cmdline(), p.name()), p.ppid(), p.create_time(), p.username()))
+        except psutil.Error:
+            pass
+    return found
+
+
+def stop(pgid: int | None, marker: str | None, timeout: float, hurry=lambda: False, tick: float = 0.02, pids: set[int] = frozenset(), drain: bool = False) -> StopReport:
+    """Stop a run: its process group, every process carrying `marker` (those that left the
+    group) and `pids`. SIGTERM, up to `timeout` (or until hurry() says so), SIGKILL, then
+    one more look for a process started meanwhile. Reaps as it goes.
+
+    With drain, the group leader (sglang's launcher) gets SIGTERM alone first: it drains
+    in-flight requests and then kills its own tree. Its schedulers have no SIGTERM handler,
+    so signalling them at once would cut the drain short. If the leader is not done by the
+    deadline, the rest get SIGTERM and GROUP_GRACE_S before SIGKILL."""
+    began = time.monotonic()
+    pids = members(pgid, marker) | set(pids)
+    report = StopReport(processes=len(pids))
+    deadline = began + timeout
+    if drain and pgid:
+        _send(None, {pgid}, signal.SIGTERM)
+        if _wait({pgid}, deadline, hurry, tick):
+            deadline = time.monotonic() + GROUP_GRACE_S
+    alive = _alive(pids)
+    if alive and not hurry():
+        _send(pgid, alive, signal.SIGTERM)
+        alive = _wait(alive, deadline, hurry, tick)
+    if alive:
+        report.killed = sorted(alive)
+        _send(pgid, alive, signal.SIGKILL)
+        alive = _wait(alive, time.monotonic() + 5, lambda: False, tick)
+    late = members(pgid, marker) - alive
+    if late:
+        _send(None, late, signal.SIGKILL)
+        report.killed += sorted(late)
+        alive |= _wait(late, time.monotonic() + 5, lambda: False, tick)
+    reap()
+    report.left = describe(alive)
+    report.seconds = time.monotonic() - began
+    return report
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether a server could not bind host:port now (as sglang's own check binds)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host.strip("[]"), port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return True
+            raise
+    return False
+
+
+def port_holder(port: int) -> str:
+    """"pid 123 'python ...'" of the process listening on the port, where we may see it."""
+    try:
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                try:
+                    proc = psutil.Process(conn.pid)
+                    return f"pid {conn.pid} {_title(proc.cmdline(), proc.name())!r}"
+                except psutil.Error:
+                    return f"pid {conn.pid}"
+    except (psutil.AccessDenied, OSError):
+        pass
+    return "another process"

@@ -1,0 +1,120 @@
+"""Serving the sglang stand-in (TEST FIXTURE, fixtures/sglang_standin.py) with `sm120kit
+serve` in a process of its own: used by test_serve.py and bench/bench_serve.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+from conftest import ROOT, install
+
+STANDIN = ROOT / "tests" / "fixtures" / "sglang_standin.py"
+PROFILES = ROOT / "tests" / "fixtures" / "profiles"
+
+
+def make_env_python(root: Path, version: str) -> Path:
+    """A python whose environment has sglang==version (its real files) and whose
+    `-m sglang.launch_server` is the stand-in."""
+    site = root / "site-packages"
+    site.mkdir()
+    install(site, version, flashinfer=False)
+    shim = root / "python"
+    shim.write_text(
+        f"#!{sys.executable}\n"
+        "# TEST FIXTURE: the serving environment's python, with the sglang stand-in as the server.\n"
+        "import os, sys\n"
+        f"exe = {sys.executable!r}\n"
+        'if sys.argv[1:3] == ["-m", "sglang.launch_server"]:\n'
+        f"    os.execv(exe, [exe, {str(STANDIN)!r}, *sys.argv[1:]])\n"
+        f'os.environ["PYTHONPATH"] = {str(site)!r}\n'
+        "os.execv(exe, [exe, *sys.argv[1:]])\n"
+    )
+    shim.chmod(0o755)
+    return shim
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    """One `sm120kit serve` process and its run directory."""
+
+    def __init__(self, tmp_path: Path, python: Path, faults: dict, sets: list[str], extra: list[str], env: dict) -> None:
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.state = tmp_path / "state"
+        self.dir = self.state / "serve" / "standin"
+        self.token = uuid.uuid4().hex
+        self.env = {**os.environ, "SM120KIT_STATE_DIR": str(self.state), "SGLANG_STANDIN": json.dumps(faults), "STANDIN_TEST_RUN": self.token, **env}
+        self.argv = [
+            sys.executable, "-m", "sm120kit", "serve", "standin", "--python", str(python), "--profile-dir", str(PROFILES),
+            "--no-gpu-check", "--set", f"server.port={self.port}", *(a for s in sets for a in ("--set", s)), *extra,
+        ]  # fmt: skip
+        self.out_path = tmp_path / f"supervisor-{self.token[:6]}.out"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Served:
+        self.out_file = open(self.out_path, "w")
+        self.proc = subprocess.Popen(self.argv, stdout=self.out_file, stderr=subprocess.STDOUT, env=self.env)
+        return self
+
+    def run(self, timeout: float = 60) -> tuple[int, str]:
+        """Run to the end (a crash loop that gives up, a refusal)."""
+        proc = subprocess.run(self.argv, capture_output=True, text=True, env=self.env, timeout=timeout)
+        return proc.returncode, proc.stdout + proc.stderr
+
+    @property
+    def output(self) -> str:
+        return self.out_path.read_text() if self.out_path.exists() else ""
+
+    def events(self, kind: str | None = None) -> list[dict]:
+        path = self.dir / "events.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        found = [json.loads(line) for line in lines]
+        return [e for e in found if kind is None or e["event"] == kind]
+
+    def wait(self, kind: str, count: int = 1, timeout: float = 30) -> dict:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            found = self.events(kind)
+            if len(found) >= count:
+                return found[count - 1]
+            if self.proc and self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no {kind!r} event (#{count}) in time; events: {[e['event'] for e in self.events()]}\n{self.output}")
+
+    def signal(self, sig: int = signal.SIGINT, timeout: float = 30) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+    def ours(self) -> list[psutil.Process]:
+        """Every live process started for this test (they all inherit STANDIN_TEST_RUN)."""
+        found = []
+        for p in psutil.process_iter():
+            try:
+                if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE and p.environ().get("STANDIN_TEST_RUN") == self.token and p.pid != (self.proc.pid if self.proc and self.proc.poll() is None else -1):
+                    found.append(p)
+            except psutil.Error:
+                pass
+        return found
+
+    def cleanup(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for p in self.ours():
+            p.kill()
+        if self.proc:
+            self.out_file.close()

@@ -1,0 +1,309 @@
+"""`sm120kit serve` end to end against the sglang stand-in (tests/fixtures/sglang_standin.py,
+a TEST FIXTURE: the real server needs GPUs). The supervisor runs as its own process, as
+an operator runs it; real signals, real sockets, real process trees.
+
+The profile renders for a real sglang release (0.5.23 unpacked from its wheel); the
+stand-in python runs `-m sglang.launch_server` as the stand-in and everything else as
+the interpreter of that environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from standin import Served, make_env_python
+
+from sm120kit.serve import procs
+
+VERSION = "0.5.23"
+TRITON_SMEM = "triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 147456, Hardware limit: 101376. Reducing block sizes or `num_stages` may help."
+DEATHS = {
+    "triton-shared-memory": TRITON_SMEM,
+    "dsa-page-table": "AttributeError: 'PrefillMetadata' object has no attribute 'page_table_1_flattened'",
+    "cuda-out-of-memory": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 95.59 GiB",
+    "nccl": "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error",
+    "flashinfer-no-arch": "RuntimeError: No supported CUDA architectures found for major versions [10].",
+    "illegal-instruction": "RuntimeError: CUDA error: an illegal instruction was encountered",
+}
+
+
+@pytest.fixture(scope="module")
+def env_python(tmp_path_factory) -> Path:
+    return make_env_python(tmp_path_factory.mktemp("standin-env"), VERSION)
+
+
+@pytest.fixture
+def serve(tmp_path, env_python):
+    made: list[Served] = []
+
+    def make(faults: dict | None = None, sets=(), extra=(), env=None) -> Served:
+        served = Served(tmp_path, env_python, faults or {}, list(sets), list(extra), env or {})
+        made.append(served)
+        return served
+
+    yield make
+    for served in made:
+        served.cleanup()
+
+
+def test_ready_only_when_it_generates_with_progress_then_a_clean_stop(serve):
+    s = serve({"load_s": 1.0, "shards": 4, "warmup_s": 1.0}).start()
+    ready = s.wait("ready")
+    phases = [e["phase"] for e in s.events("progress")]
+    assert phases[0] == "loading weights" and "loading weights 100% (4/4 shards)" in phases
+    assert phases[-1] == "warmup done"
+    assert ready["after_s"] >= 2.0  # 1 s of loading and 1 s of 503 while warming up
+    assert s.ours()  # the launcher, two schedulers and a detokenizer
+    assert s.signal(signal.SIGINT) == 0
+    stopped = s.wait("stopped")
+    assert stopped["clean"] and stopped["processes"] == 4 and stopped["sigkilled"] == [] and stopped["ports_taken"] == []
+    assert not s.ours()
+    assert not procs.port_in_use("127.0.0.1", s.port)
+    out = s.output
+    assert "starting: loading weights" in out and "ready: standin generates" in out
+    assert "Load weight begin" in out  # the live tail
+    assert "stopped: 4 processes ended" in out
+
+
+def test_503_while_starting_is_not_death_and_a_slow_start_is_waited_for(serve):
+    s = serve({"load_s": 2.0, "warmup_s": 2.0}).start()
+    s.wait("ready", timeout=30)
+    assert s.events("died") == [] and s.events("probe_failed") == []
+    assert "Uvicorn running" in (s.dir / "server.log").read_text()
+    s.signal()
+
+
+@pytest.mark.parametrize("signature", sorted(DEATHS))
+def test_death_while_loading_is_diagnosed(serve, signature):
+    s = serve({"die_loading": DEATHS[signature]}, sets=["health.max_restarts=0"])
+    code, out = s.run()
+    assert code == 1, out
+    [died] = s.events("died")
+    assert not died["ready"] and died["exit_code"] is None  # sglang SIGKILLs itself
+    assert [d["id"] for d in died["diagnoses"]] == [signature]
+    assert "killed by SIGKILL" in out and "the server died while starting (loading weights" in out
+    assert "diagnosis: " in out and "advice:" in out
+    assert "giving up: 1 failed runs in a row" in out
+
+
+def test_triton_diagnosis_names_the_kernel_and_the_patch(serve):
+    code, out = serve({"die_loading": TRITON_SMEM}, sets=["health.max_restarts=0"]).run()
+    assert code == 1
+    assert "Required: 147456" in out and "fused-MoE fp8" in out and "sm120kit patch --verify" in out
+
+
+def test_backoff_doubles_until_the_crash_loop_limit(serve):
+    s = serve({"die_loading": DEATHS["cuda-out-of-memory"]}, sets=["health.max_restarts=3", "health.backoff_initial_s=0.2", "health.backoff_max_s=0.5"])
+    code, out = s.run()
+    assert code == 1
+    assert [e["in_s"] for e in s.events("restarting")] == [0.2, 0.4, 0.5]
+    starts = [e["t"] for e in s.events("started")]
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert all(gap >= delay for gap, delay in zip(gaps, [0.2, 0.4, 0.5]))
+    gave_up = s.events("gave_up")[0]
+    assert gave_up["failures"] == 4 and len(gave_up["deaths"]) == 4 and all("cuda-out-of-memory" in d for d in gave_up["deaths"])
+    assert "giving up: 4 failed runs in a row (health.max_restarts = 3)" in out
+    assert sorted(p.name for p in s.dir.iterdir() if p.name.startswith("server.log")) == ["server.log", "server.log.1", "server.log.2", "server.log.3"]
+    assert not s.ours()
+
+
+def test_a_crash_then_a_good_start(serve, tmp_path):
+    s = serve({"die_loading": DEATHS["nccl"], "fail_starts": 1, "counter": str(tmp_path / "starts")}).start()
+    s.wait("ready")
+    assert len(s.events("started")) == 2 and s.events("died")[0]["diagnoses"][0]["id"] == "nccl"
+    code, out, _ = ps(s)
+    row = next(r for r in out["runs"] if r["profile"] == "standin")
+    assert row["running"] and row["status"] == "ready" and row["restarts"] == 1 and row["last_health"]["ok"]
+    assert s.signal(signal.SIGTERM) == 0
+
+
+def test_death_after_ready_restarts(serve, tmp_path):
+    s = serve({"die_after_ready_s": 1.5, "die_text": DEATHS["illegal-instruction"], "fail_starts": 1, "counter": str(tmp_path / "starts")}).start()
+    died = s.wait("died")
+    assert died["ready"] and died["diagnoses"][0]["id"] == "illegal-instruction"
+    s.wait("ready", count=2)
+    assert s.signal() == 0
+
+
+def test_a_hung_server_is_killed_and_restarted(serve, tmp_path):
+    # /health_generate stops answering; sglang's own check gives up after
+    # SGLANG_HEALTH_CHECK_TIMEOUT and answers 503; /health would still say 200
+    s = serve({"hang_after_ready_s": 0.3, "fail_starts": 1, "counter": str(tmp_path / "starts")}, env={"SGLANG_HEALTH_CHECK_TIMEOUT": "1"}).start()
+    hung = s.wait("hung")
+    failures = s.events("probe_failed")
+    assert [f["consecutive"] for f in failures] == [1, 2] and failures[0]["detail"].startswith("503")
+    assert hung["ready"] and "failed 2 probes in a row" in hung["detail"]
+    s.wait("ready", count=2)
+    assert "Health check failed" in (s.dir / "server.log.1").read_text()
+    assert s.signal() == 0
+
+
+def test_a_probe_that_times_out_counts_as_a_failure(serve):
+    s = serve({"hang_after_ready_s": 1.0}, sets=["health.probe_timeout_s=0.3", "health.max_restarts=0"], env={"SGLANG_HEALTH_CHECK_TIMEOUT": "30"}).start()
+    assert s.proc.wait(30) == 1
+    assert s.events("probe_failed")[0]["detail"] == "timed out after 0.3 s"
+    assert s.events("hung")
+
+
+def test_startup_budget(serve):
+    code, out = serve({"load_s": 20}, sets=["health.startup_timeout_s=1", "health.max_restarts=0"]).run()
+    assert code == 1, out
+    assert "the server did not start: not generating after 1s (last: loading weights 0% (0/4 shards))" in out
+
+
+def test_stop_lets_sglang_drain_before_the_group_is_signalled(serve):
+    s = serve({"drain_s": 1.5}).start()
+    s.wait("ready")
+    schedulers = [p for p in s.ours() if p.cmdline()[0].startswith("sglang::scheduler")]
+    s.proc.send_signal(signal.SIGTERM)
+    s.wait("stopping")
+    time.sleep(0.8)
+    assert all(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in schedulers)  # draining: not signalled
+    assert s.proc.wait(30) == 0
+    stopped = s.wait("stopped")
+    assert stopped["clean"] and stopped["sigkilled"] == [] and stopped["seconds"] >= 1.5
+    assert "Draining requests" in (s.dir / "server.log").read_text() and not s.ours()
+
+
+def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(serve):
+    s = serve({"ignore_sigterm": True}, sets=["health.stop_timeout_s=1"]).start()
+    s.wait("ready")
+    began = time.monotonic()
+    assert s.signal(signal.SIGTERM) == 0
+    stopped = s.wait("stopped")
+    assert stopped["clean"] and len(stopped["sigkilled"]) == 4 and 1.0 <= stopped["seconds"] < 5
+    assert time.monotonic() - began < 10 and not s.ours()
+
+
+def test_a_second_ctrl_c_kills_at_once(serve):
+    s = serve({"ignore_sigterm": True}, sets=["health.stop_timeout_s=60"]).start()
+    s.wait("ready")
+    s.proc.send_signal(signal.SIGINT)
+    s.wait("stopping")
+    time.sleep(0.3)
+    assert s.signal(signal.SIGINT, timeout=15) == 0
+    stopped = s.wait("stopped")
+    assert stopped["clean"] and stopped["sigkilled"] and stopped["seconds"] < 10
+
+
+def test_a_worker_that_left_the_process_group_is_stopped_too(serve):
+    s = serve({"orphan": True}).start()
+    s.wait("ready")
+    orphan = [p for p in s.ours() if p.cmdline()[0] == "sglang::scheduler_TP1"][0]
+    assert os.getpgid(orphan.pid) != s.events("started")[0]["pid"]  # outside killpg's reach
+    assert s.signal() == 0
+    stopped = s.wait("stopped")
+    assert stopped["clean"] and not s.ours()
+    assert not psutil.pid_exists(orphan.pid) or psutil.Process(orphan.pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_killed_supervisor_takes_the_server_down_and_the_next_preflight_finds_the_rest(serve):
+    s = serve({"orphan": True}).start()
+    s.wait("ready")
+    launcher = s.events("started")[0]["pid"]
+    s.proc.kill()  # SIGKILL: no chance to stop anything
+    s.proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(s.ours()) > 1:
+        time.sleep(0.05)
+    left = s.ours()
+    assert not psutil.pid_exists(launcher) or psutil.Process(launcher).status() == psutil.STATUS_ZOMBIE  # died with its supervisor
+    assert [p.cmdline()[0] for p in left] == ["sglang::scheduler_TP1"]  # what escaped on purpose
+
+    row = next(r for r in ps(s)[1]["runs"] if r["profile"] == "standin")
+    assert row["status"] == "supervisor gone" and not row["running"]
+
+    check = serve()
+    check.state = s.state
+    check.env["SM120KIT_STATE_DIR"] = str(s.state)
+    code, out = run_check(check)
+    assert code == 1
+    assert f"FAIL stale processes: 1 found: pid {left[0].pid} 'sglang::scheduler_TP1" in out and "--kill-stale" in out
+    code, out = run_check(check, "--kill-stale")
+    assert code == 0, out
+    assert f"ok   stale processes: stopped 1: pid {left[0].pid}" in out
+    assert not s.ours()
+
+
+def test_a_port_already_taken_is_refused_and_nothing_starts(serve):
+    s = serve()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", s.port))
+        taken.listen()
+        code, out = s.run()
+    assert code == 2
+    assert f"FAIL ports: in use: {s.port} (server.port) is held by pid {os.getpid()}" in out
+    assert "refusing to start standin: 1 preflight check(s) failed" in out
+    assert s.events("started") == [] and s.events("preflight")[0]["ok"] is False
+
+
+def test_one_supervisor_per_profile(serve):
+    s = serve().start()
+    s.wait("ready")
+    second = serve()
+    second.env["SM120KIT_STATE_DIR"] = str(s.state)
+    code, out = second.run()
+    assert code == 2 and f"profile standin is already being served by supervisor pid {s.proc.pid}" in out
+    assert s.signal() == 0
+
+
+def test_api_key_reaches_the_server_and_never_the_record(serve):
+    secret = "sk-" + uuid.uuid4().hex
+    s = serve(sets=["server.api_key_env=STANDIN_KEY"], env={"STANDIN_KEY": secret}).start()
+    s.wait("ready")
+    import http.client
+
+    def models(key: str | None) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=5)
+        conn.request("GET", "/v1/models", headers={"Authorization": f"Bearer {key}"} if key else {})
+        return conn.getresponse().status
+
+    assert models(secret) == 200 and models(None) == 401
+    assert s.signal() == 0
+    record = "".join(p.read_text() for p in s.dir.iterdir() if p.is_file() and not p.name.endswith(".lock"))
+    assert secret not in record and secret not in s.output
+    assert "$STANDIN_KEY" in s.events("started")[0]["argv"]
+
+
+def test_api_key_variable_unset_is_refused(serve):
+    code, out = serve(sets=["server.api_key_env=STANDIN_KEY_UNSET"]).run()
+    assert code == 2 and "FAIL api key: server.api_key_env = STANDIN_KEY_UNSET, but $STANDIN_KEY_UNSET is empty or not set" in out
+
+
+def test_required_patches_are_verified_before_a_start(serve, env_python):
+    """glm5-nvfp4 on an unpatched sglang 0.5.23: refused until `sm120kit patch`."""
+    s = serve()
+    argv = [sys.executable, "-m", "sm120kit", "serve", "glm5-nvfp4", "--python", str(env_python), "--check", "--no-gpu-check", "--set", f"server.port={s.port}"]
+    out = subprocess.run(argv, capture_output=True, text=True, env=s.env)
+    assert out.returncode == 1
+    assert "FAIL patches: not in place: sglang-dsa-page-table-guard: would-apply; sglang-triton-smem-sm120: would-apply" in out.stdout
+    assert "-> run `sm120kit patch --verify` (or start anyway with --no-patch-check)" in out.stdout
+    try:
+        patched = subprocess.run([sys.executable, "-m", "sm120kit", "patch", "--python", str(env_python)], capture_output=True, text=True, env=s.env)
+        assert patched.returncode == 0, patched.stdout + patched.stderr
+        out = subprocess.run(argv, capture_output=True, text=True, env=s.env)
+        assert out.returncode == 0, out.stdout
+        assert "ok   patches: 6 in place, fixed upstream or not needed" in out.stdout
+    finally:
+        subprocess.run([sys.executable, "-m", "sm120kit", "unpatch", "--python", str(env_python)], capture_output=True, env=s.env, check=True)
+
+
+def ps(s: Served) -> tuple[int, dict, str]:
+    out = subprocess.run([sys.executable, "-m", "sm120kit", "ps", "--json"], capture_output=True, text=True, env=s.env)
+    return out.returncode, json.loads(out.stdout), out.stderr
+
+
+def run_check(s: Served, *extra: str) -> tuple[int, str]:
+    argv = [*s.argv, "--check", *extra]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=s.env, timeout=60)
+    return proc.returncode, proc.stdout + proc.stderr
