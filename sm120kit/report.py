@@ -167,7 +167,8 @@ def ps_row(run: dict) -> list[str]:
     """One line of `sm120kit ps` from a run's state.json."""
     health = run.get("last_health") or {}
     last = f"{'ok' if health.get('ok') else 'FAILED'} {health.get('detail', '')} ({_ago(health.get('at'))})" if health else "-"
-    supervisor = str(run.get("supervisor_pid", "-")) + ("" if run.get("running") else " (gone)")
+    pid = run.get("supervisor_pid", "-")
+    supervisor = str(pid) if run.get("running") else "-" if run.get("status") in ("stopped", "gave-up") else f"{pid} (gone)"
     return [
         run.get("profile", "?"), run.get("status", "?"), supervisor, str(run.get("server_pid") or "-"),
         _ago(run.get("since")), str(run.get("restarts", 0)), last, f"{run.get('host', '?')}:{run.get('port', '?')}",

@@ -124,6 +124,9 @@ def test_a_crash_then_a_good_start(serve, tmp_path):
     code, out, _ = ps(s)
     row = next(r for r in out["runs"] if r["profile"] == "standin")
     assert row["running"] and row["status"] == "ready" and row["restarts"] == 1 and row["last_health"]["ok"]
+    text = subprocess.run([sys.executable, "-m", "sm120kit", "ps"], capture_output=True, text=True, env=s.env, check=True).stdout
+    assert text.splitlines()[0].split() == ["PROFILE", "STATUS", "SUPERVISOR", "SERVER", "SINCE", "RESTARTS", "LAST", "HEALTH", "PORT"]
+    assert text.splitlines()[1].split()[:3] == ["standin", "ready", str(s.proc.pid)] and "ok 200" in text and f"127.0.0.1:{s.port}" in text
     assert s.signal(signal.SIGTERM) == 0
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from sm120kit.serve import procs
-from sm120kit.serve.diagnose import Diagnosis, diagnose
+from sm120kit.serve.diagnose import diagnose
 from sm120kit.serve.probe import ProbeResult, probe
 from sm120kit.serve.progress import LineSplitter, phase_of
 from sm120kit.serve.rundir import Record, copy_truncate, rotate
@@ -79,6 +79,7 @@ class Run:
     ready_at: float | None = None
     phase: str = "launching"
     phase_said_at: float = 0.0
+    failures_in_row: int = 0
     log_offset: int = 0
     splitter: LineSplitter = field(default_factory=LineSplitter)
 
@@ -196,11 +197,10 @@ class Supervisor:
 
     def _start_probe(self, run: Run) -> None:
         self._probing = True
-        token, s = id(run), self.server
-        timeout = self.policy.probe_timeout_s
+        attempt, s, timeout = run.attempt, self.server, self.policy.probe_timeout_s
 
         def work() -> None:
-            self._probe = (token, probe(s.host, s.port, timeout, s.api_key))
+            self._probe = (attempt, probe(s.host, s.port, timeout, s.api_key))
             self._probing = False
             try:
                 os.write(self._wake_w, b"p")
@@ -209,44 +209,51 @@ class Supervisor:
 
         threading.Thread(target=work, name="probe", daemon=True).start()
 
+    def _on_probe(self, run: Run, result: ProbeResult) -> End | None:
+        """Starting: the first 200 makes it ready (503 and refusals just mean "not yet").
+        Ready: count failures in a row; enough of them make it hung."""
+        p, now = self.policy, time.monotonic()
+        if run.ready_at is None:
+            if result.ok:
+                run.ready_at = now
+                after = round(now - run.started, 1)
+                self.record.event("ready", after_s=after)
+                self.record.update(status="ready", since=time.time(), ready_after_s=after, last_health=self._health(result))
+                self.say(f"ready: {self.server.name} generates (after {_duration(after)}); probing {self._url()} every {p.probe_interval_s:g}s")
+            return None
+        self.record.update(last_health=self._health(result))
+        if result.ok:
+            if run.failures_in_row:
+                self.record.update(status="ready")
+                self.say(f"probe ok again after {run.failures_in_row} failure(s)")
+            run.failures_in_row = 0
+            return None
+        run.failures_in_row += 1
+        self.record.event("probe_failed", detail=result.detail, consecutive=run.failures_in_row, limit=p.failures_before_restart)
+        self.record.update(status="unhealthy")
+        self.say(f"probe failed: {result.detail} ({run.failures_in_row}/{p.failures_before_restart})")
+        if run.failures_in_row >= p.failures_before_restart:
+            return End("hung", f"{self._url()} failed {run.failures_in_row} probes in a row (last: {result.detail})")
+        return None
+
     def _watch(self, run: Run) -> End:
+        """Until the run ends: a stop signal, its death, a hang or the startup deadline."""
         p = self.policy
-        failures_in_row = 0
         next_probe = time.monotonic()
-        next_note = time.monotonic() + PROGRESS_EVERY_S
+        next_note = next_probe + PROGRESS_EVERY_S
         while True:
             if self.stop_signals:
                 return End("stop", signal.Signals(self.stop_signals[0]).name)
             reaped = procs.reap()
+            self._read_log(run)
             if run.pid in reaped:
                 run.proc.returncode = reaped[run.pid]
-                self._read_log(run)
                 code, how = procs.exit_description(reaped[run.pid])
                 return End("died", how, code)
-            self._read_log(run)
-            now = time.monotonic()
             result, self._probe = self._probe, None
-            if result and result[0] == id(run):
-                result = result[1]
-                if run.ready_at is None and result.ok:
-                    run.ready_at = now
-                    self.record.event("ready", after_s=round(now - run.started, 1))
-                    self.record.update(status="ready", since=time.time(), ready_after_s=round(now - run.started, 1), last_health=self._health(result))
-                    self.say(f"ready: {self.server.name} generates (after {_duration(now - run.started)}); probing {self._url()} every {p.probe_interval_s:g}s")
-                elif run.ready_at is not None:
-                    self.record.update(last_health=self._health(result))
-                    if result.ok:
-                        if failures_in_row:
-                            self.record.update(status="ready")
-                            self.say(f"probe ok again after {failures_in_row} failure(s)")
-                        failures_in_row = 0
-                    else:
-                        failures_in_row += 1
-                        self.record.event("probe_failed", detail=result.detail, consecutive=failures_in_row, limit=p.failures_before_restart)
-                        self.record.update(status="unhealthy")
-                        self.say(f"probe failed: {result.detail} ({failures_in_row}/{p.failures_before_restart})")
-                        if failures_in_row >= p.failures_before_restart:
-                            return End("hung", f"{self._url()} failed {failures_in_row} probes in a row (last: {result.detail})")
+            if result and result[0] == run.attempt and (end := self._on_probe(run, result[1])):
+                return end
+            now = time.monotonic()
             if run.ready_at is None:
                 if now - run.started > p.startup_timeout_s:
                     return End("start_timeout", f"not generating after {_duration(p.startup_timeout_s)} (last: {run.phase})")
@@ -278,12 +285,12 @@ class Supervisor:
         except OSError:
             return ""
 
-    def _diagnose(self, run: Run, end: End) -> list[Diagnosis]:
+    def _diagnose(self, run: Run, end: End) -> None:
         tail = self._log_tail()
         found = diagnose(tail)
         last = [line for line in tail.replace("\r", "\n").splitlines() if line.strip()][-15:]
         ran = time.monotonic() - run.started
-        when = f"while starting ({run.phase})" if run.ready_at is None else f"after {_duration(time.monotonic() - run.ready_at)} ready"
+        when = f"while starting ({run.phase})" if run.ready_at is None else f"{_duration(time.monotonic() - run.ready_at)} after it was ready"
         self.record.event(
             end.kind, detail=end.detail, exit_code=end.exit_code, noticed_at=end.at, ran_s=round(ran, 1),
             ready=run.ready_at is not None, phase=run.phase, diagnoses=[d.as_json() for d in found], log_tail=last,
@@ -295,11 +302,11 @@ class Supervisor:
         if not found:
             self.say("no known SM120 failure signature in the log; its last lines:\n    " + "\n    ".join(last[-8:]))
         self.deaths.append(f"attempt {run.attempt}: {what}" + (f" [{', '.join(d.id for d in found)}]" if found else ""))
-        return found
 
     def _end_run(self, run: Run, timeout: float, drain: bool = False) -> procs.StopReport:
         report = procs.stop(run.pid, run.marker, timeout, hurry=self._hurry, drain=drain)
-        run.proc.returncode = run.proc.returncode if run.proc.returncode is not None else -9
+        if run.proc.returncode is None:  # reaped by procs.reap(): Popen must not wait for it again
+            run.proc.returncode = -signal.SIGKILL
         return report
 
     def _ports_taken(self, wait_s: float = 5.0) -> list[str]:
