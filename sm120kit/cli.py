@@ -121,6 +121,27 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=cmd_serve)
 
+    p = sub.add_parser(
+        "bench", help="a concurrency sweep with sglang's own benchmark client; `bench compare A B`",
+        description="Run sglang's benchmark client once per concurrency level against a running server "
+        "(the profile's, or --url), then print the table and the plateau verdict and write a results directory. "
+        "`sm120kit bench compare BEFORE AFTER` shows two results directories side by side.",
+    )  # fmt: skip
+    p.add_argument("name", nargs="*", metavar="PROFILE | compare BEFORE AFTER")
+    p.add_argument("--url", help="benchmark this server instead of a profile's (e.g. http://127.0.0.1:30000)")
+    p.add_argument("--concurrency", default="32,64,128,256,512", metavar="LIST", help="levels, comma-separated (default 32,64,128,256,512)")
+    p.add_argument("--input-len", type=int, default=256, metavar="N", help="input tokens per request (default 256)")
+    p.add_argument("--output-len", type=int, default=128, metavar="N", help="output tokens per request (default 128)")
+    p.add_argument("--prompts-per-level", type=float, default=3.0, metavar="K", help="requests per level: K x concurrency, at least 32 (default 3)")
+    p.add_argument("--threshold", type=float, default=0.10, metavar="F", help="a doubling that gains less than this is a plateau (default 0.10)")
+    p.add_argument("--tokenizer", metavar="PATH", help="tokenizer for the client (default: what the server reports)")
+    p.add_argument("--model", metavar="NAME", help="model name for the client (default: what the server reports)")
+    p.add_argument("--out", metavar="DIR", help="results directory (default ./sm120kit-bench/<profile>-<time>)")
+    _profile_args(p)
+    _target_args(p)
+    p.set_defaults(func=cmd_bench, json=False, debug=False)
+    p.add_argument("--debug", action="store_true", help="print tracebacks")
+
     p = sub.add_parser("ps", help="what `sm120kit serve` runs here: status, since when, restarts, last health")
     _common(p)
     p.set_defaults(func=cmd_ps)
@@ -344,6 +365,29 @@ def cmd_serve(args) -> int:
         command.print_checks(checks)
         return code
     return command.serve(profile, launch, target, args)
+
+
+def cmd_bench(args) -> int:
+    from sm120kit.bench import command
+    from sm120kit.errors import UserError
+
+    if args.name[:1] == ["compare"]:
+        if len(args.name) != 3:
+            raise UserError("bench compare takes two results directories", "sm120kit bench compare BEFORE_DIR AFTER_DIR")
+        return command.compare(args.name[1], args.name[2])
+    if len(args.name) != (0 if args.url else 1):
+        got = " ".join(args.name) or "none"
+        raise UserError(f"bench takes one profile, or --url without one (got: {got})", "sm120kit bench glm5-nvfp4 --concurrency 64,128, or sm120kit bench --url http://127.0.0.1:30000")
+    if args.site:
+        raise UserError("--site names packages, not a python that can run the benchmark client", "give the serving environment's interpreter: --python EXE")
+    from sm120kit.target import resolve_target
+
+    profile = None
+    if not args.url:
+        from sm120kit.profiles.loader import load_profile
+
+        profile = load_profile(args.name[0], args.profile_dir, args.sets)
+    return command.bench(args, profile, resolve_target(args.python, None))
 
 
 def cmd_ps(args) -> int:

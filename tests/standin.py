@@ -1,5 +1,6 @@
 """Serving the sglang stand-in (TEST FIXTURE, fixtures/sglang_standin.py) with `sm120kit
-serve` in a process of its own: used by test_serve.py and bench/bench_serve.py."""
+serve` in a process of its own, and the python that runs it (and the benchmark client
+stand-in): used by test_serve.py, test_bench.py and scripts/bench_serve.py."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import psutil
 from conftest import ROOT, install
 
 STANDIN = ROOT / "tests" / "fixtures" / "sglang_standin.py"
+CLIENT_STANDIN = ROOT / "tests" / "fixtures" / "bench_serving_standin.py"
 PROFILES = ROOT / "tests" / "fixtures" / "profiles"
 
 
@@ -29,11 +31,13 @@ def make_env_python(root: Path, version: str) -> Path:
     shim = root / "python"
     shim.write_text(
         f"#!{sys.executable}\n"
-        "# TEST FIXTURE: the serving environment's python, with the sglang stand-in as the server.\n"
+        "# TEST FIXTURE: the serving environment's python, with the stand-ins as sglang's server and client.\n"
         "import os, sys\n"
         f"exe = {sys.executable!r}\n"
         'if sys.argv[1:3] == ["-m", "sglang.launch_server"]:\n'
         f"    os.execv(exe, [exe, {str(STANDIN)!r}, *sys.argv[1:]])\n"
+        'if sys.argv[1:2] == ["-m"] and sys.argv[2] in ("sglang.bench_serving", "sglang.benchmark.serving"):\n'
+        f"    os.execv(exe, [exe, {str(CLIENT_STANDIN)!r}, *sys.argv[3:]])\n"
         f'os.environ["PYTHONPATH"] = {str(site)!r}\n'
         "os.execv(exe, [exe, *sys.argv[1:]])\n"
     )
@@ -52,6 +56,7 @@ class Served:
 
     def __init__(self, tmp_path: Path, python: Path, faults: dict, sets: list[str], extra: list[str], env: dict) -> None:
         tmp_path.mkdir(parents=True, exist_ok=True)
+        self.python = python
         self.port = free_port()
         self.state = tmp_path / "state"
         self.dir = self.state / "serve" / "standin"

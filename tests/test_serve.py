@@ -140,7 +140,7 @@ def test_death_after_ready_restarts(serve, tmp_path):
 
 def test_a_hung_server_is_killed_and_restarted(serve, tmp_path):
     # /health_generate stops answering; sglang's own check gives up after
-    # SGLANG_HEALTH_CHECK_TIMEOUT and answers 503; /health would still say 200
+    # SGLANG_HEALTH_CHECK_TIMEOUT and answers 503 (a process check would say "alive")
     s = serve({"hang_after_ready_s": 0.3, "fail_starts": 1, "counter": str(tmp_path / "starts")}, env={"SGLANG_HEALTH_CHECK_TIMEOUT": "1"}).start()
     hung = s.wait("hung")
     failures = s.events("probe_failed")

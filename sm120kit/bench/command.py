@@ -1,0 +1,108 @@
+"""`sm120kit bench`: a concurrency sweep with sglang's own client against a running server
+(a profile's, or --url), written to a results directory; `sm120kit bench compare A B`."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from sm120kit import report
+from sm120kit.bench import analysis, client, results
+from sm120kit.errors import UserError
+
+
+def _versions(target) -> dict[str, str | None]:
+    return {name: (d.version if (d := target.find(name)) else None) for name in ("sglang", "flashinfer-python", "torch", "triton")}
+
+
+def _patch_status(target) -> list[dict]:
+    from sm120kit.patching import engine
+    from sm120kit.patching.registry import load_patches
+
+    plan = engine.plan(target, load_patches(None), need_bytes=False)
+    return [{"patch": f.patch.id, "version": f.version, "outcome": f.outcome.value} for f in plan.findings]
+
+
+def _live_line(level: analysis.Level) -> str:
+    if not level.figures:
+        return f"  FAILED: {level.error}"
+    f = level.figures
+    failed = f", {level.failed} of {level.prompts} FAILED" if level.failed else ""
+    return (
+        f"  total {f.get('total_throughput', 0):,.1f} tok/s (output {f.get('output_throughput', 0):,.1f}, peak {f.get('max_output_tokens_per_s') or 0:,.0f}), "
+        f"TTFT p50 {f.get('median_ttft_ms') or 0:,.0f} ms, ITL p50 {f.get('median_itl_ms') or 0:.1f} ms{failed}"
+    )
+
+
+def bench(args, profile, target) -> int:
+    """Exit 0: every level ran and every request completed; 1: some level or request
+    failed; 2: bad input or no server; 130: interrupted (finished levels are kept)."""
+    try:
+        levels = analysis.parse_levels(args.concurrency)
+    except analysis.BadLevels as exc:
+        raise UserError(f"--concurrency {args.concurrency!r}: {exc}", "give a comma-separated list, e.g. --concurrency 64,128,256,512") from None
+    dist = target.find("sglang")
+    if dist is None:
+        raise UserError(
+            f"sglang is not installed in {target.description}: its benchmark client runs from there",
+            "point sm120kit at the serving environment with --python EXE",
+        )
+    if args.url:
+        url, name, max_running, model = args.url.rstrip("/"), args.url.split("//")[-1].replace(":", "-").strip("/"), None, None
+    else:
+        from sm120kit.serve.probe import probe_host
+
+        url = f"http://{probe_host(profile.server.host)}:{profile.server.port}"
+        name, max_running, model = profile.name, profile.engine.max_running_requests, profile.model.path
+    sweep = client.Sweep(
+        args.python or sys.executable, client.client_module(dist), url, args.input_len, args.output_len,
+        args.prompts_per_level, tokenizer=args.tokenizer, model=args.model or None,
+    )  # fmt: skip
+    client.check_reachable(url)
+    directory = Path(args.out) if args.out else Path("sm120kit-bench") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "title": f"{name}, input {args.input_len} / output {args.output_len} tokens",
+        "profile": profile.model_dump(mode="json", exclude={"name", "source"}) if profile else None,
+        "profile_name": profile.name if profile else None,
+        "url": url, "model": model, "client": sweep.module, "threshold": args.threshold,
+        "command": [*sweep.argv(levels[0], directory / f"c{levels[0]}.jsonl")],
+        "versions": _versions(target), "patches": _patch_status(target), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }  # fmt: skip
+    meta["summary"] = {"url": url, "client": sweep.module, **{k: v for k, v in meta["versions"].items() if v}}
+    done: list[analysis.Level] = []
+    print(f"sweeping {url} with {sweep.module} (sglang {dist.version}): concurrency {', '.join(map(str, levels))}; results in {directory}")
+    try:
+        for i, concurrency in enumerate(levels, 1):
+            bar = "#" * (i - 1) + "." * (len(levels) - i + 1)
+            print(f"[{bar}] {i}/{len(levels)} concurrency {concurrency}: {sweep.prompts(concurrency)} prompts ...", flush=True)
+            level = client.run_level(sweep, concurrency, directory)
+            done.append(level)
+            print(_live_line(level), flush=True)
+            results.write_run(directory, meta, done, None, finished=False)
+    except KeyboardInterrupt:
+        results.write_run(directory, meta, done, None, finished=False)
+        print(f"interrupted: the {len(done)} finished level(s) are kept in {directory}", file=sys.stderr)
+        return 130
+    verdict = analysis.verdict(done, args.threshold, max_running)
+    results.write_run(directory, meta, done, verdict, finished=True)
+    results.write_tables(directory, meta, done, verdict)
+    note = results.write_plot(directory, meta["title"], done)
+    headers, rows = analysis.table_rows(done)
+    print()
+    print(report.table(headers, rows))
+    print()
+    for line in verdict.lines:
+        print(line)
+    print(f"\nresults: {directory}" + (f" ({note})" if note else ""))
+    return 1 if any(lv.failed or not lv.figures for lv in done) else 0
+
+
+def compare(before: str, after: str) -> int:
+    doc_a, a = results.load_run(before)
+    doc_b, b = results.load_run(after)
+    headers, rows = analysis.compare_rows(a, b)
+    print(f"before: {before}  ({doc_a.get('title', '')})\nafter:  {after}  ({doc_b.get('title', '')})\n")
+    print(report.table(headers, rows))
+    return 0

@@ -1,0 +1,172 @@
+"""`sm120kit bench`: the plateau verdict and tables on the field report's real figures,
+and the sweep end to end: `sm120kit serve` runs the sglang stand-in, `sm120kit bench`
+runs the benchmark-client stand-in (TEST FIXTURES: the real server needs GPUs, the real
+client imports torch) from the serving environment's python."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from standin import PROFILES, Served, make_env_python
+
+from sm120kit.bench.analysis import BadLevels, Level, compare_rows, parse_levels, table_rows, verdict
+
+# The seeds: before the autotune patch (32 .. 512) and after it (256 .. 1024), total tok/s.
+BEFORE = {32: 438.0, 64: 757.0, 128: 806.0, 256: 879.87, 512: 912.70}
+AFTER = {256: 1846.0, 512: 2800.0, 1024: 3740.0}
+
+
+def levels(totals: dict[int, float]) -> list[Level]:
+    return [Level(c, 3 * c, {"total_throughput": t, "output_throughput": t / 3, "completed": 3 * c}) for c, t in totals.items()]
+
+
+@pytest.mark.parametrize("text, parsed", [("64,128,256", [64, 128, 256]), (" 512, 64 ,64", [64, 512]), ("1", [1])])
+def test_levels_parse(text, parsed):
+    assert parse_levels(text) == parsed
+
+
+@pytest.mark.parametrize("text, message", [("", "empty"), (" , ", "empty"), ("64,x", "'x' is not"), ("0", "'0' is not"), ("-8", "'-8' is not"), ("6.5", "'6.5' is not")])
+def test_levels_refused(text, message):
+    with pytest.raises(BadLevels, match=message):
+        parse_levels(text)
+
+
+def test_the_plateau_of_the_field_report():
+    v = verdict(levels(BEFORE))
+    assert v.plateau_from == 64 and v.best.concurrency == 512
+    assert v.lines[0] == (
+        "512 vs 256: +3.7% — throughput has plateaued near 912 tok/s from concurrency 64 on (each doubling gains under 10%); the limit is not concurrency"
+    )
+    assert v.lines[1] == "per doubling: 64 vs 32: +72.8%, 128 vs 64: +6.5%, 256 vs 128: +9.2%, 512 vs 256: +3.7%"
+
+
+def test_after_the_patch_it_still_scales_and_queued_levels_are_flagged():
+    v = verdict(levels(AFTER), max_running=1024)
+    assert v.plateau_from is None
+    assert v.lines[0] == "1024 vs 512: +33.6% — still scaling at 3,740 tok/s; a higher concurrency may give more"
+    v = verdict(levels({**AFTER, 2048: 3790.0}), max_running=1024)
+    assert v.plateau_from == 1024 and "levels 2048 exceed the server's max running requests (1024): the excess only queues" in v.lines
+    assert verdict(levels({256: 100.0, 1024: 121.0})).plateau_from is None  # +21% over two doublings is +10% each
+
+
+def test_a_threshold_and_too_few_levels():
+    assert verdict(levels(BEFORE), threshold=0.05).plateau_from == 256
+    assert verdict(levels({64: 757.0})).lines == ["too few levels with figures to judge the scaling (two or more needed)"]
+
+
+def test_table_and_compare():
+    headers, rows = table_rows(levels(BEFORE))
+    assert headers[:2] == ["concurrency", "total tok/s"] and headers[-2:] == ["done", "failed"]
+    assert rows[-1][:2] == ["512", "912.7"] and rows[-1][-2:] == ["1536", "0"] and rows[0][4] == "-"  # no peak figure: "-"
+    headers, rows = compare_rows(levels(BEFORE), levels(AFTER))
+    row = {r[0]: r for r in rows}
+    assert row["512"][1:4] == ["912.7", "2,800.0", "3.07x"] and row["256"][3] == "2.10x"
+    assert row["1024"][1:4] == ["-", "3,740.0", "-"] and row["32"][2:4] == ["-", "-"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """`sm120kit serve standin` on a free port, for the whole module."""
+    root = tmp_path_factory.mktemp("bench")
+    python = make_env_python(root, "0.5.23")
+    served = Served(root / "serve", python, {"load_s": 0.2}, [], ["--quiet"], {}).start()
+    served.wait("ready")
+    yield served
+    served.signal()
+    served.cleanup()
+
+
+def bench(server: Served, out: Path, plan: dict, *extra: str) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "sm120kit", "bench", "standin", "--python", str(server.python), "--profile-dir", str(PROFILES),
+            "--set", f"server.port={server.port}", "--out", str(out), *extra]  # fmt: skip
+    env = {**server.env, "SGLANG_STANDIN_BENCH": json.dumps(plan)}
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_a_sweep_reports_what_the_client_wrote(server, tmp_path):
+    out = tmp_path / "before"
+    done = bench(server, out, {"total": {str(c): t for c, t in BEFORE.items()}}, "--concurrency", "32,64,128,256,512")
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = json.loads((out / "run.json").read_text())
+    for level in run["levels"]:
+        written = json.loads((out / f"c{level['concurrency']}.jsonl").read_text().splitlines()[-1])  # the client's own file
+        assert level["figures"] == written
+        assert f"total {written['total_throughput']:,.1f} tok/s" in done.stdout
+    assert run["finished"] and run["client"] == "sglang.benchmark.serving" and run["versions"]["sglang"] == "0.5.23"
+    assert run["command"][1:3] == ["-m", "sglang.benchmark.serving"] and "--dataset-name" in run["command"] and "random-ids" in run["command"]
+    assert {p["patch"] for p in run["patches"]} >= {"sglang-dsa-page-table-guard"}
+    assert "throughput has plateaued near 912 tok/s from concurrency 64 on" in done.stdout
+    csv_rows = (out / "results.csv").read_text().splitlines()
+    assert csv_rows[0].startswith("concurrency,prompts,completed,failed,total_throughput") and csv_rows[-1].startswith("512,1536,1536,0,912.7")
+    assert "| 512 | 912.7 |" in (out / "summary.md").read_text()
+    try:
+        import matplotlib  # noqa: F401
+
+        assert (out / "plot.png").stat().st_size > 0
+    except ImportError:
+        assert "plot.png skipped: matplotlib is not installed" in done.stdout
+
+    after = tmp_path / "after"
+    assert bench(server, after, {"total": {str(c): t for c, t in AFTER.items()}}, "--concurrency", "256,512,1024").returncode == 0
+    cmp = subprocess.run([sys.executable, "-m", "sm120kit", "bench", "compare", str(out), str(after)], capture_output=True, text=True, check=True)
+    line = next(x for x in cmp.stdout.splitlines() if x.startswith("512 "))
+    assert "912.7" in line and "2,800.0" in line and "3.07x" in line
+
+
+def test_failed_requests_and_a_crashed_level_are_reported_and_the_sweep_goes_on(server, tmp_path):
+    plan = {"total": {"64": 757, "128": 806, "256": 879.87}, "fail": {"128": 0.5}, "crash": [256]}
+    done = bench(server, tmp_path / "r", plan, "--concurrency", "64,128,256")
+    assert done.returncode == 1
+    assert "concurrency 128: 192 of 384 requests failed" in done.stdout
+    assert "FAILED: the client wrote no result (exit code 1): aiohttp.client_exceptions.ServerDisconnectedError: Server disconnected; see c256.log" in done.stdout
+    run = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert [lv["failed"] for lv in run["levels"]] == [0, 192, 768]
+
+
+def test_no_server_is_a_clear_error_before_any_level(server, tmp_path):
+    argv = [sys.executable, "-m", "sm120kit", "bench", "standin", "--python", str(server.python), "--profile-dir", str(PROFILES),
+            "--set", "server.port=1", "--out", str(tmp_path / "r")]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, env=server.env)
+    assert done.returncode == 2
+    assert "no server at http://127.0.0.1:1" in done.stderr and "nothing was benchmarked" in done.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_ctrl_c_keeps_the_finished_levels(server, tmp_path):
+    out = tmp_path / "r"
+    argv = [sys.executable, "-m", "sm120kit", "bench", "standin", "--python", str(server.python), "--profile-dir", str(PROFILES),
+            "--set", f"server.port={server.port}", "--out", str(out), "--concurrency", "32,64,128"]  # fmt: skip
+    env = {**server.env, "SGLANG_STANDIN_BENCH": json.dumps({"total": {"32": 438, "64": 757, "128": 806}, "sleep_s": 1.0})}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    end = time.monotonic() + 60
+    while time.monotonic() < end and not ((out / "run.json").exists() and json.loads((out / "run.json").read_text())["levels"]):
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    run = json.loads((out / "run.json").read_text())
+    assert [lv["concurrency"] for lv in run["levels"]] == [32] and not run["finished"]
+    assert "interrupted: the 1 finished level(s) are kept in" in err
+
+
+def test_compare_needs_results_directories(tmp_path, cli):
+    code, _, err = cli("bench", "compare", tmp_path, tmp_path / "nope")
+    assert code == 2 and "is not a results directory (no run.json)" in err
+
+
+@pytest.mark.parametrize("version, module", [("0.5.9", "sglang.bench_serving"), ("0.5.14", "sglang.bench_serving"), ("0.5.15", "sglang.benchmark.serving"), ("0.5.23", "sglang.benchmark.serving")])
+def test_the_client_module_of_each_release(site, version, module):
+    from conftest import install
+
+    from sm120kit.bench.client import client_module
+    from sm120kit.target import resolve_target
+
+    install(site, version, flashinfer=False)
+    assert client_module(resolve_target(site=str(site)).find("sglang")) == module
