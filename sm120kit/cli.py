@@ -142,6 +142,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench, json=False, debug=False)
     p.add_argument("--debug", action="store_true", help="print tracebacks")
 
+    p = sub.add_parser("doctor", help="can this node serve? GPUs, P2P, topology, kernel, limits, software; each problem with its fix")
+    p.add_argument("--profile", metavar="NAME", help="also check what this profile needs (GPU count, compute capability, memory, env)")
+    p.add_argument("--nvml", metavar="FILE", help="replay NVML answers recorded by `doctor --json` (its \"nvml\" object) instead of asking the driver")
+    p.add_argument("--root", metavar="DIR", help="read /proc and /sys under DIR (a copy taken on another node)")
+    p.add_argument("--profile-dir", action="append", metavar="DIR", help="also load profiles from DIR (or $SM120KIT_PROFILE_PATH)")
+    _target_args(p)
+    _common(p)
+    p.set_defaults(func=cmd_doctor, sets=None)
+
     p = sub.add_parser("ps", help="what `sm120kit serve` runs here: status, since when, restarts, last health")
     _common(p)
     p.set_defaults(func=cmd_ps)
@@ -388,6 +397,18 @@ def cmd_bench(args) -> int:
 
         profile = load_profile(args.name[0], args.profile_dir, args.sets)
     return command.bench(args, profile, resolve_target(args.python, None))
+
+
+def cmd_doctor(args) -> int:
+    from sm120kit.doctor.command import doctor
+    from sm120kit.target import resolve_target
+
+    profile = None
+    if args.profile:
+        from sm120kit.profiles.loader import load_profile
+
+        profile = load_profile(args.profile, args.profile_dir, None)
+    return doctor(args, profile, resolve_target(args.python, args.site))
 
 
 def cmd_ps(args) -> int:

@@ -1,0 +1,95 @@
+"""What NVML says about the node, as one plain JSON-able document: the seam between the
+doctor's checks and the driver. `read()` asks the real NVML (nvidia-ml-py); tests and
+`sm120kit doctor --nvml FILE` replay a recorded document instead."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+MIB = 1 << 20
+# nvmlGpuTopologyLevel_t, nearest first (nvml.h)
+TOPOLOGY = {0: "internal", 10: "single-switch", 20: "multiple-switches", 30: "host-bridge", 40: "numa-node", 50: "across-sockets"}
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def read() -> dict:
+    """The live node. {"error": ...} when nvidia-ml-py or the driver is missing."""
+    try:
+        import pynvml as nv
+    except ImportError:
+        return {"error": "nvidia-ml-py is not installed (pip install 'sm120kit[gpu]')"}
+    try:
+        nv.nvmlInit()
+    except nv.NVMLError as exc:
+        return {"error": f"no NVIDIA driver: NVML cannot start ({exc})"}
+    try:
+        return _read(nv)
+    finally:
+        nv.nvmlShutdown()
+
+
+def _try(fn, *args, default=None):
+    try:
+        return fn(*args)
+    except Exception:  # an NVML call a GPU or driver does not support: unknown, not fatal
+        return default
+
+
+def _read(nv) -> dict:
+    handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+    gpus = []
+    for i, h in enumerate(handles):
+        major, minor = nv.nvmlDeviceGetCudaComputeCapability(h)
+        memory = nv.nvmlDeviceGetMemoryInfo(h)
+        processes = {str(p.pid): (p.usedGpuMemory or 0) // MIB for p in _try(nv.nvmlDeviceGetComputeRunningProcesses, h, default=[])}
+        persistence = _try(nv.nvmlDeviceGetPersistenceMode, h)
+        gpus.append({
+            "index": i, "name": _text(nv.nvmlDeviceGetName(h)), "uuid": _text(nv.nvmlDeviceGetUUID(h)),
+            "pci_bus_id": _text(nv.nvmlDeviceGetPciInfo(h).busId), "compute_capability": f"{major}.{minor}",
+            "memory_total_mib": memory.total // MIB, "memory_used_mib": memory.used // MIB,
+            "persistence_mode": None if persistence is None else persistence == 1,
+            "pcie": {
+                "gen": _try(nv.nvmlDeviceGetCurrPcieLinkGeneration, h), "max_gen": _try(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
+                "width": _try(nv.nvmlDeviceGetCurrPcieLinkWidth, h), "max_width": _try(nv.nvmlDeviceGetMaxPcieLinkWidth, h),
+            },
+            "processes": processes,
+        })  # fmt: skip
+    p2p, topology = [], []
+    for a in handles:
+        p2p.append([
+            None if a is b else {
+                "read": _p2p(nv, a, b, "NVML_P2P_CAPS_INDEX_READ"), "write": _p2p(nv, a, b, "NVML_P2P_CAPS_INDEX_WRITE"),
+            } for b in handles
+        ])  # fmt: skip
+        topology.append([None if a is b else TOPOLOGY.get(_try(nv.nvmlDeviceGetTopologyCommonAncestor, a, b), "unknown") for b in handles])
+    return {
+        "driver_version": _text(nv.nvmlSystemGetDriverVersion()),
+        "cuda_driver_version": _try(nv.nvmlSystemGetCudaDriverVersion),
+        "gpus": gpus, "p2p": p2p, "topology": topology,
+    }  # fmt: skip
+
+
+def _p2p(nv, a, b, index: str) -> str:
+    """"ok", or why not, from nvmlP2PStatus_t."""
+    status = _try(nv.nvmlDeviceGetP2PStatus, a, b, getattr(nv, index))
+    names = {0: "ok", 1: "chipset not supported", 2: "GPU not supported", 3: "IOH topology not supported",
+             4: "disabled by regkey", 5: "not supported", 6: "unknown"}  # fmt: skip
+    return names.get(status, "unknown")
+
+
+def load(path: str) -> dict:
+    """A recorded document: `sm120kit doctor --json`'s "nvml" object, or the object itself."""
+    from sm120kit.errors import UserError
+
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--nvml {path}: cannot read an NVML document ({exc})", "pass a file written by `sm120kit doctor --json`") from None
+    doc = doc.get("nvml", doc) if isinstance(doc, dict) else None
+    if not isinstance(doc, dict) or not ("gpus" in doc or "error" in doc):
+        raise UserError(f"--nvml {path}: not an NVML document (no \"gpus\" or \"error\")", "pass a file written by `sm120kit doctor --json`")
+    return doc

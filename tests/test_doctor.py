@@ -1,0 +1,190 @@
+"""`sm120kit doctor` over fixture nodes: /proc and /sys trees written in the kernel's own
+formats, and NVML documents — `h200-recorded.json` recorded on a real H200 by
+scripts/doctor_gpu_proof.py, `rtx-pro-6000-x8.json` written from the RTX PRO 6000
+Blackwell Server Edition's specifications (8 cards, CC 12.0, 97887 MiB, PCIe Gen5 x16, two
+sockets). The seeds' broken states are each one change to the healthy node."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures" / "doctor"
+SM120 = json.loads((FIXTURES / "rtx-pro-6000-x8.json").read_text())
+BUS = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db"]
+LIMITS = """Limit                     Soft Limit           Hard Limit           Units
+Max cpu time              unlimited            unlimited            seconds
+Max open files            {nofile:<20} 1048576              files
+Max locked memory         {memlock:<20} unlimited            bytes
+"""
+
+
+def node(root: Path, *, cmdline="BOOT_IMAGE=/vmlinuz-6.8.0-49-generic ro amd_iommu=on iommu=pt", hmm="Y", vendor="Supermicro",
+         product="AS -4125GS-TNRT", hypervisor=False, shm="tmpfs /dev/shm tmpfs rw,nosuid,nodev 0 0", docker=False,
+         nofile="1048576", memlock="unlimited") -> Path:  # fmt: skip
+    files = {
+        "proc/cmdline": cmdline + "\n",
+        "proc/mounts": "sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0\n" + shm + "\n",
+        "proc/self/limits": LIMITS.format(nofile=nofile, memlock=memlock),
+        "proc/cpuinfo": "processor\t: 0\nflags\t\t: fpu vme de pse tsc msr pae sse sse2 avx2" + (" hypervisor" if hypervisor else "") + "\n",
+        "proc/1/environ": "", "proc/1/cgroup": "0::/init.scope\n",
+        "sys/module/nvidia_uvm/parameters/uvm_disable_hmm": hmm + "\n",
+        "sys/class/dmi/id/sys_vendor": vendor + "\n", "sys/class/dmi/id/product_name": product + "\n",
+        **{f"sys/bus/pci/devices/0000:{b}:00.0/numa_node": f"{i // 4}\n" for i, b in enumerate(BUS)},
+    }  # fmt: skip
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    for group in range(40):
+        (root / "sys/kernel/iommu_groups" / str(group)).mkdir(parents=True, exist_ok=True)
+    if docker:
+        (root / ".dockerenv").write_text("")
+    return root
+
+
+@pytest.fixture(autouse=True)
+def quiet_env(monkeypatch):
+    for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NCCL_P2P_LEVEL", "NCCL_IB_DISABLE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def run(cli, tmp_path, doc: dict, tree: Path, *extra) -> tuple[int, dict]:
+    path = tmp_path / "nvml.json"
+    path.write_text(json.dumps(doc))
+    return cli.json("doctor", "--nvml", path, "--root", tree, *extra)
+
+
+def checks(doc: dict) -> dict[str, dict]:
+    return {c["check"]: c for c in doc["checks"]}
+
+
+def test_a_healthy_sm120_node_can_serve_glm5(cli, tmp_path):
+    code, out = run(cli, tmp_path, SM120, node(tmp_path / "root"), "--profile", "glm5-nvfp4")
+    c = checks(out)
+    assert code == 0, [x for x in out["checks"] if x["status"] == "fail"]
+    assert c["gpus"]["status"] == "ok" and c["gpus"]["detail"] == (
+        "8 GPU(s): 0-7: NVIDIA RTX PRO 6000 Blackwell Server Edition (CC 12.0, 95 GiB) — meets profile glm5-nvfp4"
+    )
+    assert c["driver"]["detail"] == "driver 580.95.05, CUDA 13.0"
+    assert c["p2p"]["status"] == "ok" and c["iommu"]["status"] == "ok" and c["nvidia_uvm hmm"]["status"] == "ok"
+    assert c["topology"]["status"] == "ok" and "NUMA 0: GPU 0-3; 1: GPU 4-7" in c["topology"]["detail"]  # the profile sets NCCL_P2P_LEVEL=SYS
+    assert c["/dev/shm"]["status"] == "ok" and c["limits"]["status"] == "ok" and c["pcie"]["status"] == "ok"
+    assert c["virtualisation"]["detail"] == "bare metal, no container"
+
+
+def test_two_sockets_without_the_nccl_setting_warn(cli, tmp_path):
+    code, out = run(cli, tmp_path, SM120, node(tmp_path / "root"))
+    t = checks(out)["topology"]
+    assert code == 0 and t["status"] == "warn" and "NCCL_P2P_LEVEL is unset" in t["detail"] and "NCCL_P2P_LEVEL=SYS" in t["fix"]
+
+
+def broken(name: str, tree: dict, doc=None):
+    return pytest.param(tree, doc, id=name)
+
+
+def x8(doc: dict) -> dict:
+    doc = copy.deepcopy(doc)
+    doc["gpus"][3]["pcie"]["width"] = 8
+    return doc
+
+
+def p2p_blocked(doc: dict) -> dict:
+    doc = copy.deepcopy(doc)
+    doc["p2p"] = [[None if i == j else {"read": "chipset not supported", "write": "chipset not supported"} for j in range(8)] for i in range(8)]
+    doc["topology"] = [[None if i == j else "host-bridge" for j in range(8)] for i in range(8)]
+    return doc
+
+
+@pytest.mark.parametrize(
+    "tree, doc, check, status, words, fix",
+    [
+        ({"hmm": "N"}, None, "nvidia_uvm hmm", "warn", "HMM is on", "uvm_disable_hmm=1"),
+        ({"vendor": "QEMU", "product": "Standard PC (Q35 + ICH9, 2009)", "hypervisor": True}, p2p_blocked, "p2p", "fail",
+         "28 GPU pair(s) without P2P (chipset not supported)", "LXC container"),
+        ({"cmdline": "BOOT_IMAGE=/vmlinuz-6.8.0-49-generic ro amd_iommu=on"}, None, "iommu", "fail", "without iommu=pt", "GRUB_CMDLINE_LINUX"),
+        ({"shm": "shm /dev/shm tmpfs rw,nosuid,nodev,noexec,relatime,size=65536k 0 0", "docker": True}, None, "/dev/shm", "fail", "64 MiB", "--shm-size"),
+        ({}, x8, "pcie", "warn", "GPU 3 at x8 of x16", "full-width slot"),
+        ({"nofile": "1024", "memlock": "8388608"}, None, "limits", "warn", "open files 1024", "LimitMEMLOCK=infinity"),
+    ],
+)  # fmt: skip
+def test_the_broken_states_of_the_field_report(cli, tmp_path, tree, doc, check, status, words, fix):
+    code, out = run(cli, tmp_path, doc(SM120) if doc else SM120, node(tmp_path / "root", **tree), "--profile", "glm5-nvfp4")
+    c = checks(out)[check]
+    assert (c["status"], words in c["detail"], fix in c["fix"]) == (status, True, True), c
+    assert code == (1 if status == "fail" else 0)
+    others = [x["check"] for x in out["checks"] if x["status"] == "fail" and x["check"] != check]
+    assert others == []  # one broken thing is reported once, not as a cascade
+
+
+def test_virtualisation_and_containers_are_named(cli, tmp_path):
+    _, out = run(cli, tmp_path, SM120, node(tmp_path / "root", vendor="QEMU", hypervisor=True, docker=True))
+    assert checks(out)["virtualisation"]["detail"] == "virtual machine (QEMU), in a docker container"
+
+
+def test_no_driver_is_a_clear_answer(cli, tmp_path):
+    doc = {"error": "no NVIDIA driver: NVML cannot start (NVML Shared Library Not Found)"}
+    code, out = run(cli, tmp_path, doc, node(tmp_path / "root"), "--profile", "glm5-nvfp4")
+    c = checks(out)
+    assert code == 1 and c["driver"]["status"] == "fail" and c["driver"]["detail"].startswith("no NVIDIA driver")
+    assert "install the NVIDIA driver" in c["driver"]["fix"] and c["gpus"]["status"] == "info"
+
+
+def test_the_recorded_h200_is_not_an_sm120_node(cli, tmp_path):
+    doc = json.loads((FIXTURES / "h200-recorded.json").read_text())
+    code, out = run(cli, tmp_path, doc, node(tmp_path / "root"), "--profile", "glm5-nvfp4")
+    g = checks(out)["gpus"]
+    assert code == 1 and g["status"] == "fail"
+    assert g["detail"] == (
+        "1 GPU(s): 0: NVIDIA H200 (CC 9.0, 140 GiB) — profile glm5-nvfp4 needs 8 GPUs, 1 found; "
+        "profile glm5-nvfp4 is for compute capability 12.0 (SM120); GPU 0 is not"
+    )
+    code, out = run(cli, tmp_path, doc, node(tmp_path / "root2"))
+    assert code == 0 and checks(out)["gpus"]["status"] == "ok"
+
+
+def test_gpu_processes_and_visible_devices(cli, tmp_path, monkeypatch):
+    doc = copy.deepcopy(SM120)
+    doc["gpus"][2]["processes"] = {"4242": 90112}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,9")
+    code, out = run(cli, tmp_path, doc, node(tmp_path / "root"))
+    c = checks(out)
+    assert c["gpu processes"]["detail"] == "memory already held: pid 4242 on GPU 2 (90112 MiB)"
+    assert code == 1 and c["environment"]["status"] == "fail" and "CUDA_VISIBLE_DEVICES=0,1,9 names a GPU NVML does not have" in c["environment"]["detail"]
+
+
+def test_one_screen(cli, tmp_path):
+    path = tmp_path / "nvml.json"
+    path.write_text(json.dumps(p2p_blocked(SM120)))
+    code, out, err = cli("doctor", "--nvml", path, "--root", node(tmp_path / "root", hmm="N"), "--profile", "glm5-nvfp4")
+    assert code == 1 and not err
+    lines = out.splitlines()
+    assert lines[0] == "sm120kit doctor --profile glm5-nvfp4"
+    assert any(line.startswith("FAIL  p2p") for line in lines) and any(line.startswith("WARN  nvidia_uvm hmm") for line in lines)
+    assert "to fix:" in out and "  p2p: GPU peer-to-peer does not pass" not in out  # bare metal here: the BIOS fix
+    assert "  p2p: disable ACS in the BIOS" in out
+    assert "GPU0  X     PHB!" in out and "! no P2P" in out
+    warnings = sum(line.startswith("WARN") for line in lines)
+    assert lines[-1] == f"1 failed, {warnings} warning(s)"
+
+
+def test_bad_input(cli, tmp_path):
+    code, _, err = cli("doctor", "--profile", "glm5-nvfpx")
+    assert code == 2 and "glm5-nvfp4" in err
+    code, _, err = cli("doctor", "--nvml", tmp_path / "missing.json")
+    assert code == 2 and "cannot read an NVML document" in err and "Traceback" not in err
+    (tmp_path / "other.json").write_text('{"checks": []}')
+    code, _, err = cli("doctor", "--nvml", tmp_path / "other.json")
+    assert code == 2 and "not an NVML document" in err
+    code, _, err = cli("doctor", "--root", tmp_path / "nope")
+    assert code == 2 and "no such directory" in err
+
+
+def test_a_doctor_json_document_replays(cli, tmp_path):
+    """`doctor --json` on one node, `--nvml` of that file on another: the same GPU answers."""
+    _, first = run(cli, tmp_path, SM120, node(tmp_path / "root"))
+    (tmp_path / "sent.json").write_text(json.dumps(first))
+    code, again = cli.json("doctor", "--nvml", tmp_path / "sent.json", "--root", tmp_path / "root")
+    assert again["nvml"] == SM120 and checks(again)["gpus"] == checks(first)["gpus"]
