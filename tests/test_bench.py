@@ -72,11 +72,14 @@ def test_table_and_compare():
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def env_python(tmp_path_factory) -> Path:
+    return make_env_python(tmp_path_factory.mktemp("bench-env"), "0.5.23")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, env_python):
     """`sm120kit serve standin` on a free port, for the whole module."""
-    root = tmp_path_factory.mktemp("bench")
-    python = make_env_python(root, "0.5.23")
-    served = Served(root / "serve", python, {"load_s": 0.2}, [], ["--quiet"], {}).start()
+    served = Served(tmp_path_factory.mktemp("bench-serve"), env_python, {"load_s": 0.2}, [], ["--quiet"], {}).start()
     served.wait("ready")
     yield served
     served.signal()
@@ -170,3 +173,4 @@ def test_the_client_module_of_each_release(site, version, module):
 
     install(site, version, flashinfer=False)
     assert client_module(resolve_target(site=str(site)).find("sglang")) == module
+

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +39,38 @@ def _live_line(level: analysis.Level) -> str:
     )
 
 
+@contextlib.contextmanager
+def served(args, profile):
+    """`sm120kit serve PROFILE` in a process of its own for the length of the sweep: up
+    when it generates, stopped (SIGTERM: the supervisor's clean stop) afterwards."""
+    from sm120kit.serve.rundir import serve_root
+
+    events = serve_root() / profile.name / "events.jsonl"
+    seen = events.stat().st_size if events.exists() else 0
+    argv = [sys.executable, "-m", "sm120kit", "serve", profile.name, "--quiet"]
+    argv += [a for d in args.profile_dir or [] for a in ("--profile-dir", d)] + [a for kv in args.sets or [] for a in ("--set", kv)]
+    argv += ["--python", args.python] if args.python else []
+    print(f"starting the server: {' '.join(argv[3:])} (up to {profile.health.startup_timeout_s:g} s)", flush=True)
+    proc = subprocess.Popen(argv)  # its preflight and progress lines are the user's to see
+    try:
+        deadline = time.monotonic() + profile.health.startup_timeout_s + 60
+        while True:
+            new = events.read_text()[seen:] if events.exists() else ""
+            kinds = [json.loads(line)["event"] for line in new.splitlines() if line.strip()]
+            if "ready" in kinds:
+                break
+            if proc.poll() is not None or "gave_up" in kinds or time.monotonic() > deadline:
+                raise UserError(f"the server for {profile.name} did not get ready; nothing was benchmarked",
+                                f"see the lines above; sm120kit serve {profile.name} --check; the log is in {events.parent}")  # fmt: skip
+            time.sleep(0.2)
+        yield
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait()
+            print(f"stopped the server (sm120kit serve exit code {proc.returncode})", flush=True)
+
+
 def bench(args, profile, target) -> int:
     """Exit 0: every level ran and every request completed; 1: some level or request
     failed; 2: bad input or no server; 130: interrupted (finished levels are kept)."""
@@ -42,6 +78,8 @@ def bench(args, profile, target) -> int:
         levels = analysis.parse_levels(args.concurrency)
     except analysis.BadLevels as exc:
         raise UserError(f"--concurrency {args.concurrency!r}: {exc}", "give a comma-separated list, e.g. --concurrency 64,128,256,512") from None
+    if args.serve and profile is None:
+        raise UserError("--serve starts a profile's server; with --url the server is yours", "sm120kit bench PROFILE --serve")
     dist = target.find("sglang")
     if dist is None:
         raise UserError(
@@ -59,20 +97,25 @@ def bench(args, profile, target) -> int:
         args.python or sys.executable, client.client_module(dist), url, args.input_len, args.output_len,
         args.prompts_per_level, tokenizer=args.tokenizer, model=args.model or None,
     )  # fmt: skip
-    client.check_reachable(url)
-    directory = Path(args.out) if args.out else Path("sm120kit-bench") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    directory.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "title": f"{name}, input {args.input_len} / output {args.output_len} tokens",
-        "profile": profile.model_dump(mode="json", exclude={"name", "source"}) if profile else None,
-        "profile_name": profile.name if profile else None,
-        "url": url, "model": model, "client": sweep.module, "threshold": args.threshold,
-        "command": [*sweep.argv(levels[0], directory / f"c{levels[0]}.jsonl")],
-        "versions": _versions(target), "patches": _patch_status(target), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }  # fmt: skip
-    meta["summary"] = {"url": url, "client": sweep.module, **{k: v for k, v in meta["versions"].items() if v}}
+    with served(args, profile) if args.serve else contextlib.nullcontext():
+        client.check_reachable(url)
+        directory = Path(args.out) if args.out else Path("sm120kit-bench") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        directory.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "title": f"{name}, input {args.input_len} / output {args.output_len} tokens",
+            "profile": profile.model_dump(mode="json", exclude={"name", "source"}) if profile else None,
+            "profile_name": profile.name if profile else None,
+            "url": url, "model": model, "client": sweep.module, "threshold": args.threshold,
+            "command": sweep.argv(levels[0], directory / f"c{levels[0]}.jsonl"),
+            "versions": _versions(target), "patches": _patch_status(target), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }  # fmt: skip
+        meta["summary"] = {"url": url, "client": sweep.module, **{k: v for k, v in meta["versions"].items() if v}}
+        print(f"sweeping {url} with {sweep.module} (sglang {dist.version}): concurrency {', '.join(map(str, levels))}; results in {directory}")
+        return _run_levels(sweep, levels, directory, meta, args.threshold, max_running)
+
+
+def _run_levels(sweep: client.Sweep, levels: list[int], directory: Path, meta: dict, threshold: float, max_running: int | None) -> int:
     done: list[analysis.Level] = []
-    print(f"sweeping {url} with {sweep.module} (sglang {dist.version}): concurrency {', '.join(map(str, levels))}; results in {directory}")
     try:
         for i, concurrency in enumerate(levels, 1):
             bar = "#" * (i - 1) + "." * (len(levels) - i + 1)
@@ -85,7 +128,7 @@ def bench(args, profile, target) -> int:
         results.write_run(directory, meta, done, None, finished=False)
         print(f"interrupted: the {len(done)} finished level(s) are kept in {directory}", file=sys.stderr)
         return 130
-    verdict = analysis.verdict(done, args.threshold, max_running)
+    verdict = analysis.verdict(done, threshold, max_running)
     results.write_run(directory, meta, done, verdict, finished=True)
     results.write_tables(directory, meta, done, verdict)
     note = results.write_plot(directory, meta["title"], done)
