@@ -109,12 +109,7 @@ def test_a_sweep_reports_what_the_client_wrote(server, tmp_path):
     csv_rows = (out / "results.csv").read_text().splitlines()
     assert csv_rows[0].startswith("concurrency,prompts,completed,failed,total_throughput") and csv_rows[-1].startswith("512,1536,1536,0,912.7")
     assert "| 512 | 912.7 |" in (out / "summary.md").read_text()
-    try:
-        import matplotlib  # noqa: F401
-
-        assert (out / "plot.png").stat().st_size > 0
-    except ImportError:
-        assert "plot.png skipped: matplotlib is not installed" in done.stdout
+    assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # matplotlib is in the test extra
 
     after = tmp_path / "after"
     assert bench(server, after, {"total": {str(c): t for c, t in AFTER.items()}}, "--concurrency", "256,512,1024").returncode == 0
@@ -174,3 +169,58 @@ def test_the_client_module_of_each_release(site, version, module):
     install(site, version, flashinfer=False)
     assert client_module(resolve_target(site=str(site)).find("sglang")) == module
 
+
+
+def test_without_matplotlib_the_plot_is_skipped_with_a_note(tmp_path, monkeypatch):
+    from sm120kit.bench.results import write_plot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    assert write_plot(tmp_path, "t", levels(BEFORE)) == "plot.png skipped: matplotlib is not installed (pip install 'sm120kit[plot]')"
+    assert not (tmp_path / "plot.png").exists()
+
+
+def test_the_standin_server_streams_generate_at_its_capacity(tmp_path):
+    """The sglang stand-in's POST /generate, parsed the way sglang's client parses it
+    (benchmark/serving.py: `data: ` lines, cumulative text, meta_info.completion_tokens),
+    and its token-rate cap: 4 requests at 20 tok/s each on a 40 tok/s server take twice
+    as long as one alone."""
+    import http.client
+    import threading
+
+    from standin import STANDIN, free_port
+
+    port = free_port()
+    env = {**os.environ, "SGLANG_STANDIN": json.dumps({"load_s": 0.1, "warmup_s": 0.1, "tokens_per_s": 40, "request_tokens_per_s": 20})}
+    server = subprocess.Popen([sys.executable, str(STANDIN), "--port", str(port)], env=env, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def generate(n: int) -> tuple[list[dict], float]:
+        began = time.monotonic()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/generate", json.dumps({"text": "w1 w2 w3", "sampling_params": {"max_new_tokens": n}, "stream": True}))
+        response = conn.getresponse()
+        body = response.read().decode()
+        assert response.status == 200, response.status  # 503 while the stand-in starts
+        chunks = [line.removeprefix("data: ") for line in body.splitlines() if line.strip()]
+        assert chunks[-1] == "[DONE]"
+        return [json.loads(c) for c in chunks[:-1]], time.monotonic() - began
+
+    try:
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            try:
+                chunks, alone = generate(10)
+                break
+            except (OSError, http.client.HTTPException, AssertionError):
+                time.sleep(0.1)
+        assert [c["meta_info"]["completion_tokens"] for c in chunks] == list(range(1, 11))
+        assert chunks[-1]["text"].split() == [f"w{k}" for k in range(1, 11)] and chunks[-1]["meta_info"]["prompt_tokens"] == 3
+        took = []
+        threads = [threading.Thread(target=lambda: took.append(generate(10)[1])) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert 0.4 <= alone < 0.8 and max(took) >= 0.9  # 40 tokens at 40 tok/s in all
+    finally:
+        server.terminate()
+        server.wait()
