@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", metavar="NAME", help="also check what this profile needs (GPU count, compute capability, memory, env)")
     p.add_argument("--nvml", metavar="FILE", help="replay NVML answers recorded by `doctor --json` (its \"nvml\" object) instead of asking the driver")
     p.add_argument("--root", metavar="DIR", help="read /proc and /sys under DIR (a copy taken on another node)")
-    _profile_args(p, sets=False)
+    _profile_args(p)
     _target_args(p)
     _common(p)
     p.set_defaults(func=cmd_doctor)
@@ -405,10 +405,14 @@ def cmd_doctor(args) -> int:
     from sm120kit.target import resolve_target
 
     profile = None
+    if args.sets and not args.profile:
+        from sm120kit.errors import UserError
+
+        raise UserError("--set changes a profile, and no --profile was given", "sm120kit doctor --profile NAME --set KEY=VALUE")
     if args.profile:
         from sm120kit.profiles.loader import load_profile
 
-        profile = load_profile(args.profile, args.profile_dir, None)
+        profile = load_profile(args.profile, args.profile_dir, args.sets)
     return doctor(args, profile, resolve_target(args.python, args.site))
 
 

@@ -46,9 +46,12 @@ def node(root: Path, *, cmdline="BOOT_IMAGE=/vmlinuz-6.8.0-49-generic ro amd_iom
 
 
 @pytest.fixture(autouse=True)
-def quiet_env(monkeypatch):
-    for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NCCL_P2P_LEVEL", "NCCL_IB_DISABLE"):
+def quiet_env(monkeypatch, tmp_path):
+    """No CUDA/NCCL variables from the shell, and a Hugging Face cache that holds GLM-5."""
+    for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NCCL_P2P_LEVEL", "NCCL_IB_DISABLE", "HF_HUB_CACHE"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    (tmp_path / "hf" / "hub" / "models--lukealonso--GLM-5-NVFP4" / "snapshots").mkdir(parents=True)
 
 
 def run(cli, tmp_path, doc: dict, tree: Path, *extra) -> tuple[int, dict]:
@@ -188,3 +191,14 @@ def test_a_doctor_json_document_replays(cli, tmp_path):
     (tmp_path / "sent.json").write_text(json.dumps(first))
     code, again = cli.json("doctor", "--nvml", tmp_path / "sent.json", "--root", tmp_path / "root")
     assert again["nvml"] == SM120 and checks(again)["gpus"] == checks(first)["gpus"]
+
+
+def test_the_model_on_disk_or_the_space_for_it(cli, tmp_path):
+    tree = node(tmp_path / "root")
+    _, out = run(cli, tmp_path, SM120, tree, "--profile", "glm5-nvfp4")
+    assert checks(out)["disk"]["status"] == "ok" and "model lukealonso/GLM-5-NVFP4 present" in checks(out)["disk"]["detail"]
+    code, out = run(cli, tmp_path, SM120, tree, "--profile", "glm5-nvfp4", "--set", "model.path=org/not-here", "--set", "model.size_gb=999999999")
+    d = checks(out)["disk"]
+    assert code == 1 and d["status"] == "fail" and "the model needs 999999999 GB" in d["detail"] and "huggingface-cli download org/not-here" in d["fix"]
+    code, out = run(cli, tmp_path, SM120, tree, "--profile", "glm5-nvfp4", "--set", "model.path=org/not-here", "--set", "model.size_gb=1")
+    assert code == 0 and checks(out)["disk"]["status"] == "info"

@@ -335,6 +335,7 @@ def jit_cache(host: Host, profile) -> Result:
 
 
 def disk(host: Host, profile) -> Result:
+    """The model on disk, or the free space to download it (model.size_gb)."""
     path = profile.model.path if profile and profile.model.path else None
     if not path:
         return Result("disk", INFO, "no model to look for")
@@ -343,11 +344,16 @@ def disk(host: Host, profile) -> Result:
         hub = Path(host.env.get("HF_HUB_CACHE") or Path(host.env.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "hub")
         local = hub / ("models--" + path.replace("/", "--"))
     where = local if local.exists() else next((p for p in local.parents if p.exists()), Path("/"))
-    free = os.statvfs(where).f_bavail * os.statvfs(where).f_frsize
+    stat = os.statvfs(where)
+    free_gb = stat.f_bavail * stat.f_frsize / 1000**3
     if local.exists():
-        return Result("disk", OK, f"model {path} present at {local}; {free / GIB:,.0f} GiB free there")
-    return Result("disk", WARN if free < 500 * GIB else INFO, f"model {path} not downloaded ({local}); {free / GIB:,.0f} GiB free at {where}",
-                  "GLM-5-NVFP4 needs about 440 GB: huggingface-cli download the model, or point model.path at it")  # fmt: skip
+        return Result("disk", OK, f"model {path} present at {local}; {free_gb:,.0f} GB free there")
+    size = profile.model.size_gb
+    detail = f"model {path} not downloaded yet ({local}); {free_gb:,.0f} GB free at {where}"
+    fix = f"huggingface-cli download {path}, or point model.path at a copy"
+    if size and free_gb < size:
+        return Result("disk", FAIL, detail + f", the model needs {size} GB", "free space there, set HF_HOME to a larger disk, or " + fix)
+    return Result("disk", INFO, detail + (f" (the model needs {size} GB)" if size else ""), fix)
 
 
 CHECKS = (driver, inventory, persistence, pcie, gpu_processes, peer_to_peer, topology, iommu, uvm_hmm, virtualisation, shm, limits, environment, software, patches, jit_cache, disk)

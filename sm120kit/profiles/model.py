@@ -48,6 +48,7 @@ class Model(BaseModel):
     quantization: str | None = Field(None, description='Quantization method, e.g. "modelopt_fp4" (--quantization).')
     trust_remote_code: bool = Field(False, description="Run the model repository's own Python code (--trust-remote-code).")
     context_length: int | None = Field(None, ge=1, description="Maximum context length in tokens (--context-length).")
+    size_gb: int | None = Field(None, ge=1, description="The checkpoint's size on disk in GB (doctor checks the free space for it).")
 
 
 class Parallel(BaseModel):
