@@ -39,3 +39,17 @@ def test_serve_that_cannot_start_benchmarks_nothing(env_python, tmp_path):
     done = subprocess.run(argv, capture_output=True, text=True, env=s.env, timeout=120)
     assert done.returncode == 2 and "the server for standin did not get ready; nothing was benchmarked" in done.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_a_server_with_an_api_key(env_python, tmp_path):
+    """The profile's key goes to the client as OPENAI_API_KEY (what sglang's client sends)."""
+    s = Served(tmp_path / "own", env_python, {"load_s": 0.2}, [], [], {"BENCH_KEY": "sk-bench-secret"})
+    argv = [sys.executable, "-m", "sm120kit", "bench", "standin", "--serve", "--python", str(env_python), "--profile-dir", str(PROFILES),
+            "--set", f"server.port={s.port}", "--set", "server.api_key_env=BENCH_KEY", "--out", str(tmp_path / "r"), "--concurrency", "64"]  # fmt: skip
+    env = {**s.env, "SGLANG_STANDIN_BENCH": json.dumps({"total": {"64": 757}})}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "sk-bench-secret" not in done.stdout + done.stderr + (tmp_path / "r" / "run.json").read_text()
+    del env["BENCH_KEY"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2 and "server.api_key_env is BENCH_KEY, but $BENCH_KEY is empty or not set" in done.stderr

@@ -24,7 +24,7 @@ Max locked memory         {memlock:<20} unlimited            bytes
 
 def node(root: Path, *, cmdline="BOOT_IMAGE=/vmlinuz-6.8.0-49-generic ro amd_iommu=on iommu=pt", hmm="Y", vendor="Supermicro",
          product="AS -4125GS-TNRT", hypervisor=False, shm="tmpfs /dev/shm tmpfs rw,nosuid,nodev 0 0", docker=False,
-         nofile="1048576", memlock="unlimited") -> Path:  # fmt: skip
+         nofile="1048576", memlock="unlimited", iommu_type=None) -> Path:  # fmt: skip
     files = {
         "proc/cmdline": cmdline + "\n",
         "proc/mounts": "sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0\n" + shm + "\n",
@@ -38,8 +38,9 @@ def node(root: Path, *, cmdline="BOOT_IMAGE=/vmlinuz-6.8.0-49-generic ro amd_iom
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
-    for group in range(40):
+    for group in range(40):  # the domain type follows iommu=pt, unless the kernel's default says otherwise
         (root / "sys/kernel/iommu_groups" / str(group)).mkdir(parents=True, exist_ok=True)
+        (root / "sys/kernel/iommu_groups" / str(group) / "type").write_text((iommu_type or ("identity" if "iommu=pt" in cmdline else "DMA-FQ")) + "\n")
     if docker:
         (root / ".dockerenv").write_text("")
     return root
@@ -202,3 +203,9 @@ def test_the_model_on_disk_or_the_space_for_it(cli, tmp_path):
     assert code == 1 and d["status"] == "fail" and "the model needs 999999999 GB" in d["detail"] and "huggingface-cli download org/not-here" in d["fix"]
     code, out = run(cli, tmp_path, SM120, tree, "--profile", "glm5-nvfp4", "--set", "model.path=org/not-here", "--set", "model.size_gb=1")
     assert code == 0 and checks(out)["disk"]["status"] == "info"
+
+
+def test_a_kernel_that_defaults_to_passthrough_needs_no_flag(cli, tmp_path):
+    tree = node(tmp_path / "root", cmdline="BOOT_IMAGE=/vmlinuz-6.8.0-49-generic ro", iommu_type="identity")
+    _, out = run(cli, tmp_path, SM120, tree)
+    assert checks(out)["iommu"] == {"check": "iommu", "status": "ok", "detail": "IOMMU on, every group in passthrough (identity) domains", "fix": ""}

@@ -150,3 +150,21 @@ def test_scan_finds_sglang_titles_and_our_marker():
         for p in (titled, marked):
             p.kill()
             p.wait()
+
+
+@pytest.mark.parametrize(
+    "parts, key",
+    [({"extra_args": {"--nccl-port": "auto"}}, 'extra_args."--nccl-port"'), ({"extra_args": {"--nccl-port": 99999}}, 'extra_args."--nccl-port"'),
+     ({"parallel": {"nnodes": 2, "dist_init_addr": "10.0.0.1:abc"}}, "parallel.dist_init_addr")],
+)  # fmt: skip
+def test_a_port_that_is_not_a_port_is_a_clear_error(parts, key):
+    from sm120kit.errors import UserError
+
+    with pytest.raises(UserError, match=f"{key} = .* is not a port"):
+        preflight.port_plan(profile(**parts))
+
+
+def test_api_keys_are_masked_in_process_titles():
+    assert procs._title(["python", "-m", "sglang.launch_server", "--api-key", "sk-1", "--admin-api-key=sk-2"], "x") == (
+        "python -m sglang.launch_server --api-key *** --admin-api-key=***"
+    )

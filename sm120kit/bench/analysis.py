@@ -79,10 +79,17 @@ def verdict(levels: list[Level], threshold: float = DEFAULT_THRESHOLD, max_runni
     """Where doubling the concurrency gains less than `threshold`, from then on, the
     throughput has plateaued: the limit is not concurrency."""
     ok = [lv for lv in levels if lv.total]
-    lines = []
+    notes = []
+    if max_running:
+        over = [lv.concurrency for lv in levels if lv.concurrency > max_running]
+        if over:
+            notes.append(f"levels {', '.join(map(str, over))} exceed the server's max running requests ({max_running}): the excess only queues")
+    for lv in levels:
+        if lv.failed:
+            notes.append(f"concurrency {lv.concurrency}: {lv.failed} of {lv.prompts} requests failed" + (f" ({lv.error})" if lv.error else ""))
     if len(ok) < 2:
-        lines.append("too few levels with figures to judge the scaling (two or more needed)")
-        return Verdict(None, ok[0] if ok else None, lines)
+        return Verdict(None, ok[0] if ok else None, ["too few levels with figures to judge the scaling (two or more needed)", *notes])
+    lines = []
     best = max(ok, key=lambda lv: lv.total)
     steps = [(a, b, per_doubling(a.concurrency, a.total, b.concurrency, b.total)) for a, b in zip(ok, ok[1:])]
     flat_from = None
@@ -101,14 +108,7 @@ def verdict(levels: list[Level], threshold: float = DEFAULT_THRESHOLD, max_runni
         a, b, gain = steps[-1]
         lines.append(f"{b.concurrency} vs {a.concurrency}: {gain:+.1%} — still scaling at {b.total:,.0f} tok/s; a higher concurrency may give more")
     lines.append(f"per doubling: {gains}")
-    if max_running:
-        over = [lv.concurrency for lv in levels if lv.concurrency > max_running]
-        if over:
-            lines.append(f"levels {', '.join(map(str, over))} exceed the server's max running requests ({max_running}): the excess only queues")
-    failed = [lv for lv in levels if lv.failed]
-    for lv in failed:
-        lines.append(f"concurrency {lv.concurrency}: {lv.failed} of {lv.prompts} requests failed" + (f" ({lv.error})" if lv.error else ""))
-    return Verdict(flat_from.concurrency if flat_from else None, best, lines)
+    return Verdict(flat_from.concurrency if flat_from else None, best, lines + notes)
 
 
 def fmt(value, pattern: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ class Sweep:
     model: str | None = None
     tokenizer: str | None = None
     seed: int = 42
+    api_key: str | None = None  # given to the client as OPENAI_API_KEY (what it reads), never in argv
 
     def prompts(self, concurrency: int) -> int:
         return max(self.min_prompts, int(round(concurrency * self.prompts_per_level)))
@@ -60,20 +62,42 @@ class Sweep:
         return argv
 
 
-def check_reachable(url: str, timeout: float = 5.0) -> None:
+def parse_url(text: str) -> str:
+    """--url as http://host:port, or a clear error."""
+    parts = urlparse(text.rstrip("/"))
+    try:
+        ok = parts.scheme in ("http", "https") and parts.hostname and parts.port and not parts.path
+    except ValueError:  # a port that is not a number
+        ok = False
+    if not ok:
+        raise UserError(f"--url {text!r} is not http://HOST:PORT", "e.g. --url http://127.0.0.1:30000")
+    return text.rstrip("/")
+
+
+def api_key(env_name: str | None) -> str | None:
+    """The key the server wants: the profile's variable; else the one sglang's client reads."""
+    names = [env_name] if env_name else ["OPENAI_API_KEY", "API_KEY"]
+    if env_name and not os.environ.get(env_name):
+        raise UserError(f"the profile's server.api_key_env is {env_name}, but ${env_name} is empty or not set", f"export {env_name}=<the key>")
+    return next((os.environ[n] for n in names if os.environ.get(n)), None)
+
+
+def check_reachable(url: str, key: str | None = None, timeout: float = 5.0) -> None:
     """Before any level runs: the server answers /v1/models (what the client waits on)."""
     parts = urlparse(url)
     conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout)
     try:
-        conn.request("GET", "/v1/models")
+        conn.request("GET", "/v1/models", headers={"Authorization": f"Bearer {key}"} if key else {})
         status = conn.getresponse().status
-    except OSError as exc:
+    except (OSError, http.client.HTTPException) as exc:
         raise UserError(
-            f"no server at {url} ({exc.strerror or exc}): nothing was benchmarked",
-            "start it first (sm120kit serve NAME), or pass the right --url",
+            f"no sglang server at {url} ({getattr(exc, 'strerror', None) or exc}): nothing was benchmarked",
+            "start it first (sm120kit serve NAME, or bench --serve), or pass the right --url",
         ) from None
     finally:
         conn.close()
+    if status in (401, 403):
+        raise UserError(f"the server at {url} refuses the API key ({status})", "export the key the server was started with (the profile's server.api_key_env, or OPENAI_API_KEY)")
     if status >= 500:
         raise UserError(f"the server at {url} answers /v1/models with {status}: not ready", "wait until `sm120kit ps` says ready")
 
@@ -82,9 +106,11 @@ def run_level(sweep: Sweep, concurrency: int, directory: Path) -> Level:
     """One client run; its JSON line is read back from its --output-file."""
     out = directory / f"c{concurrency}.jsonl"
     log = directory / f"c{concurrency}.log"
+    out.unlink(missing_ok=True)  # the client appends: an old line must not pass for this run's
     prompts = sweep.prompts(concurrency)
+    env = {**os.environ, **({"OPENAI_API_KEY": sweep.api_key} if sweep.api_key else {})}
     with open(log, "wb") as fh:
-        proc = subprocess.run(sweep.argv(concurrency, out), stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(sweep.argv(concurrency, out), stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     lines = out.read_text().splitlines() if out.exists() else []
     figures = None
     for line in reversed(lines):  # the client appends: the last line is this run's

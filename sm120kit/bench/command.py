@@ -39,6 +39,21 @@ def _live_line(level: analysis.Level) -> str:
     )
 
 
+def _new_events(path: Path, offset: int) -> list[str]:
+    """Kinds of the events appended after `offset`; a line still being written is skipped."""
+    try:
+        text = path.read_bytes()[offset:].decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    kinds = []
+    for line in text.split("\n")[:-1]:  # complete lines only
+        try:
+            kinds.append(json.loads(line)["event"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return kinds
+
+
 @contextlib.contextmanager
 def served(args, profile):
     """`sm120kit serve PROFILE` in a process of its own for the length of the sweep: up
@@ -51,16 +66,18 @@ def served(args, profile):
     argv += [a for d in args.profile_dir or [] for a in ("--profile-dir", d)] + [a for kv in args.sets or [] for a in ("--set", kv)]
     argv += ["--python", args.python] if args.python else []
     print(f"starting the server: {' '.join(argv[3:])} (up to {profile.health.startup_timeout_s:g} s)", flush=True)
-    proc = subprocess.Popen(argv)  # its preflight and progress lines are the user's to see
+    # its preflight and progress lines are the user's to see; a session of its own, so that
+    # Ctrl-C reaches only us and the server gets one SIGTERM (and drains) from the finally below
+    proc = subprocess.Popen(argv, start_new_session=True)
     try:
         deadline = time.monotonic() + profile.health.startup_timeout_s + 60
         while True:
-            new = events.read_text()[seen:] if events.exists() else ""
-            kinds = [json.loads(line)["event"] for line in new.splitlines() if line.strip()]
+            kinds = _new_events(events, seen)
             if "ready" in kinds:
                 break
             if proc.poll() is not None or "gave_up" in kinds or time.monotonic() > deadline:
-                raise UserError(f"the server for {profile.name} did not get ready; nothing was benchmarked",
+                code = proc.poll()
+                raise UserError(f"the server for {profile.name} did not get ready" + (f" (sm120kit serve exit code {code})" if code is not None else "") + "; nothing was benchmarked",
                                 f"see the lines above; sm120kit serve {profile.name} --check; the log is in {events.parent}")  # fmt: skip
             time.sleep(0.2)
         yield
@@ -80,25 +97,29 @@ def bench(args, profile, target) -> int:
         raise UserError(f"--concurrency {args.concurrency!r}: {exc}", "give a comma-separated list, e.g. --concurrency 64,128,256,512") from None
     if args.serve and profile is None:
         raise UserError("--serve starts a profile's server; with --url the server is yours", "sm120kit bench PROFILE --serve")
+    url = client.parse_url(args.url) if args.url else None
     dist = target.find("sglang")
     if dist is None:
         raise UserError(
             f"sglang is not installed in {target.description}: its benchmark client runs from there",
             "point sm120kit at the serving environment with --python EXE",
         )
-    if args.url:
-        url, name, max_running, model = args.url.rstrip("/"), args.url.split("//")[-1].replace(":", "-").strip("/"), None, None
+    key_env = None
+    if url:
+        name, max_running, model = url.split("//")[-1].replace(":", "-"), None, None
     else:
         from sm120kit.serve.probe import probe_host
 
         url = f"http://{probe_host(profile.server.host)}:{profile.server.port}"
         name, max_running, model = profile.name, profile.engine.max_running_requests, profile.model.path
+        key_env = profile.server.api_key_env
+    api_key = client.api_key(key_env)
     sweep = client.Sweep(
         args.python or sys.executable, client.client_module(dist), url, args.input_len, args.output_len,
-        args.prompts_per_level, tokenizer=args.tokenizer, model=args.model or None,
+        args.prompts_per_level, tokenizer=args.tokenizer, model=args.model or None, api_key=api_key,
     )  # fmt: skip
     with served(args, profile) if args.serve else contextlib.nullcontext():
-        client.check_reachable(url)
+        client.check_reachable(url, api_key)
         directory = Path(args.out) if args.out else Path("sm120kit-bench") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         directory.mkdir(parents=True, exist_ok=True)
         meta = {

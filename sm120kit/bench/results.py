@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 from sm120kit.bench.analysis import COLUMNS, Level, Verdict, table_rows
@@ -22,7 +23,9 @@ RUN_FILE = "run.json"
 
 def write_run(directory: Path, meta: dict, levels: list[Level], verdict: Verdict | None, finished: bool) -> None:
     doc = {**meta, "finished": finished, "levels": [lv.as_json() for lv in levels], "verdict": verdict.lines if verdict else []}
-    (directory / RUN_FILE).write_text(json.dumps(doc, indent=2))
+    tmp = directory / f".{RUN_FILE}.tmp"  # a Ctrl-C mid-write must not leave a broken run.json
+    tmp.write_text(json.dumps(doc, indent=2))
+    os.replace(tmp, directory / RUN_FILE)
 
 
 def write_tables(directory: Path, meta: dict, levels: list[Level], verdict: Verdict) -> None:

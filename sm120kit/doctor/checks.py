@@ -190,12 +190,14 @@ def topology(host: Host, profile) -> Result:
 
 def iommu(host: Host, profile) -> Result:
     cmdline = (host.text("/proc/cmdline") or "").split()
-    active = bool(host.entries("/sys/kernel/iommu_groups"))
-    passthrough = "iommu=pt" in cmdline or "iommu.passthrough=1" in cmdline
-    if not active:
+    groups = host.entries("/sys/kernel/iommu_groups")
+    if not groups:
         return Result("iommu", OK, "no IOMMU groups: DMA is not translated")
-    if passthrough:
+    if "iommu=pt" in cmdline or "iommu.passthrough=1" in cmdline:
         return Result("iommu", OK, "IOMMU on, iommu=pt (passthrough) on the kernel command line")
+    types = {(host.text(f"/sys/kernel/iommu_groups/{g}/type") or "").strip() for g in groups} - {""}
+    if types == {"identity"}:  # a kernel built with passthrough as its default domain
+        return Result("iommu", OK, "IOMMU on, every group in passthrough (identity) domains")
     return Result("iommu", FAIL, "IOMMU on without iommu=pt: GPU peer-to-peer DMA is translated and NCCL hangs",
                   "add iommu=pt to GRUB_CMDLINE_LINUX in /etc/default/grub, run update-grub, reboot")  # fmt: skip
 

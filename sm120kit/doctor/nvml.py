@@ -28,6 +28,8 @@ def read() -> dict:
         return {"error": f"no NVIDIA driver: NVML cannot start ({exc})"}
     try:
         return _read(nv)
+    except nv.NVMLError as exc:  # a GPU lost, a reset required: that is the answer
+        return {"error": f"NVML failed: {exc}"}
     finally:
         nv.nvmlShutdown()
 

@@ -77,7 +77,7 @@ def serve(profile, launch: Launch, target, args) -> int:
         argv, shown, key = resolve_argv(launch, env)
         server = Server(
             profile.name, argv, shown, env, probe_host(profile.server.host), profile.server.port,
-            preflight.port_plan(profile), api_key=key, check_gpus=not args.no_gpu_check,
+            preflight.port_plan(profile), api_key=key, api_key_env=profile.server.api_key_env, check_gpus=not args.no_gpu_check,
         )  # fmt: skip
         return Supervisor(server, Policy.from_health(profile.health), record, echo=not args.quiet).run()
     finally:

@@ -19,13 +19,6 @@ class Gpu:
     free: int
     processes: dict[int, int] = field(default_factory=dict)  # pid -> bytes used (0: not reported)
 
-    def as_json(self) -> dict:
-        return {
-            "index": self.index, "name": self.name, "uuid": self.uuid, "compute_capability": self.capability,
-            "total_mib": self.total // MIB, "free_mib": self.free // MIB,
-            "processes": {str(pid): used // MIB for pid, used in self.processes.items()},
-        }  # fmt: skip
-
 
 class NvmlUnavailable(Exception):
     """nvidia-ml-py is not installed, or NVML (the driver) cannot be loaded."""
@@ -51,23 +44,31 @@ def read_gpus() -> list[Gpu]:
     """Every GPU on the node, in NVML order. Raises NvmlUnavailable."""
     nv = _nvml()
     try:
-        gpus = []
-        for index in range(nv.nvmlDeviceGetCount()):
-            handle = nv.nvmlDeviceGetHandleByIndex(index)
-            major, minor = nv.nvmlDeviceGetCudaComputeCapability(handle)
-            memory = nv.nvmlDeviceGetMemoryInfo(handle)
-            processes = {}
-            for getter in (nv.nvmlDeviceGetComputeRunningProcesses, nv.nvmlDeviceGetGraphicsRunningProcesses):
-                try:
-                    for p in getter(handle):
-                        processes[p.pid] = p.usedGpuMemory or 0
-                except nv.NVMLError:
-                    pass
-            gpus.append(Gpu(index, _text(nv.nvmlDeviceGetName(handle)), _text(nv.nvmlDeviceGetUUID(handle)),
-                            f"{major}.{minor}", memory.total, memory.free, processes))  # fmt: skip
-        return gpus
+        return _read(nv)
+    except nv.NVMLError as exc:  # a GPU lost, a reset required, a call not supported
+        raise NvmlUnavailable(f"NVML failed: {exc}") from None
     finally:
         nv.nvmlShutdown()
+
+
+def _read(nv) -> list[Gpu]:
+    gpus = []
+    for index in range(nv.nvmlDeviceGetCount()):
+        handle = nv.nvmlDeviceGetHandleByIndex(index)
+        major, minor = nv.nvmlDeviceGetCudaComputeCapability(handle)
+        memory = nv.nvmlDeviceGetMemoryInfo(handle)
+        processes = {}
+        for getter in (nv.nvmlDeviceGetComputeRunningProcesses, nv.nvmlDeviceGetGraphicsRunningProcesses):
+            try:
+                for p in getter(handle):
+                    processes[p.pid] = p.usedGpuMemory or 0
+            except nv.NVMLError:
+                pass
+        gpus.append(Gpu(index, _text(nv.nvmlDeviceGetName(handle)), _text(nv.nvmlDeviceGetUUID(handle)),
+                        f"{major}.{minor}", memory.total, memory.free, processes))  # fmt: skip
+    return gpus
+
+
 
 
 def visible(gpus: list[Gpu], env: dict[str, str] | None = None) -> list[Gpu]:

@@ -35,14 +35,23 @@ def port_plan(profile: Profile) -> list[tuple[str, str, int]]:
     s, p, extra = profile.server, profile.parallel, profile.extra_args
     plan = [("server.port", s.host, s.port)]
     if extra.get("--nccl-port") not in (None, False, True):
-        plan.append(("--nccl-port", "127.0.0.1", int(extra["--nccl-port"])))
+        plan.append(("--nccl-port", "127.0.0.1", _port(extra["--nccl-port"], "extra_args.\"--nccl-port\"", profile)))
     if extra.get("--enable-dp-attention") and p.nnodes == 1 and not p.dist_init_addr:
         base = s.port + ZMQ_TCP_PORT_DELTA
         base = base if base + DP_ATTENTION_PORTS <= 65535 else s.port - ZMQ_TCP_PORT_DELTA
         plan += [("dp-attention (--port + 233)", "127.0.0.1", base + i) for i in range(DP_ATTENTION_PORTS)]
     if p.nnodes > 1 and p.node_rank == 0 and p.dist_init_addr and ":" in p.dist_init_addr:
-        plan.append(("parallel.dist_init_addr", "0.0.0.0", int(p.dist_init_addr.rsplit(":", 1)[1])))
+        plan.append(("parallel.dist_init_addr", "0.0.0.0", _port(p.dist_init_addr.rsplit(":", 1)[1], "parallel.dist_init_addr", profile)))
     return plan
+
+
+def _port(value, key: str, profile: Profile) -> int:
+    from sm120kit.errors import UserError
+
+    text = str(value)
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise UserError(f"profile {profile.name} ({profile.source}): {key} = {value!r} is not a port (1-65535)", f"fix {key} in the profile, or override it with --set")
+    return int(text)
 
 
 def check_ports(plan: list[tuple[str, str, int]]) -> Check:
@@ -99,20 +108,26 @@ def check_gpus(profile: Profile, env: dict[str, str]) -> Check:
 
 
 def check_stale(kill: bool, timeout: float = STALE_STOP_TIMEOUT_S) -> Check:
-    """sglang processes left from an earlier run (by title or by our marker)."""
+    """sglang processes left from an earlier run: ours (the marker) whose supervisor is
+    gone, and orphans (a scheduler whose launcher died: re-parented to PID 1 or to some
+    subreaper). A healthy server someone else started is named and left alone."""
     from sm120kit.serve.rundir import runs
 
-    live = {r.get("marker") for r in runs() if r["running"]}  # another profile served by sm120kit right now
-    stale = [p for p in procs.scan(marker="", sglang=True) if p.marker is None or p.marker not in live]
+    live = {r.get("marker") for r in runs() if r["running"]}  # a profile sm120kit serves right now
+    found = [p for p in procs.scan(marker="", sglang=True) if p.marker is None or p.marker not in live]
+    pids = {p.pid for p in found}
+    stale = [p for p in found if p.marker is not None or p.ppid <= 1 or (p.title.startswith("sglang::") and p.ppid not in pids)]
+    others = [p for p in found if p not in stale]
+    note = f"; another sglang server, not started by sm120kit, left alone: {'; '.join(p.line() for p in others)}" if others else ""
     if not stale:
-        return Check("stale processes", True, "none")
+        return Check("stale processes", None if others else True, "none" + note)
     listing = "; ".join(p.line() for p in stale)
     if not kill:
-        return Check("stale processes", False, f"{len(stale)} found: {listing}", "stop them yourself, or rerun with --kill-stale")
+        return Check("stale processes", False, f"{len(stale)} found: {listing}{note}", "stop them yourself, or rerun with --kill-stale")
     report = procs.stop(None, None, timeout, pids={p.pid for p in stale})
     if report.left:
         return Check("stale processes", False, "could not stop: " + "; ".join(p.line() for p in report.left), "they may belong to another user: ask root to stop them")
-    return Check("stale processes", True, f"stopped {len(stale)}: {listing}")
+    return Check("stale processes", True, f"stopped {len(stale)}: {listing}{note}")
 
 
 def check_api_key(profile: Profile, env: dict[str, str]) -> Check | None:

@@ -29,11 +29,14 @@ GROUP_GRACE_S = 2.0
 SGLANG_CMDLINE = ("sglang.launch_server", "sglang.srt.entrypoints", "sglang_router.launch_server")
 
 
+try:  # resolved once, here: the child of a fork must not dlopen (another thread may hold the loader lock)
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _PRCTL = None
+
+
 def _prctl(option: int, value: int) -> bool:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
-    except (OSError, AttributeError):  # not Linux
-        return False
+    return _PRCTL is not None and _PRCTL(option, value, 0, 0, 0) == 0
 
 
 def become_subreaper() -> bool:
@@ -107,8 +110,20 @@ def _age(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+SECRET_FLAGS = ("--api-key", "--admin-api-key")
+
+
 def _title(cmdline: list[str], name: str) -> str:
-    return " ".join(cmdline)[:120] if cmdline else name
+    """The command line as `ps` shows it, shortened, with API keys masked."""
+    if not cmdline:
+        return name
+    words = list(cmdline)
+    for i, word in enumerate(words):
+        if word in SECRET_FLAGS and i + 1 < len(words):
+            words[i + 1] = "***"
+        elif word.startswith(tuple(f + "=" for f in SECRET_FLAGS)):
+            words[i] = word.split("=", 1)[0] + "=***"
+    return " ".join(words)[:120]
 
 
 def _is_sglang(cmdline: list[str], name: str) -> bool:

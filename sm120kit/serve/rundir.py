@@ -58,22 +58,29 @@ class Record:
     def __init__(self, directory: Path) -> None:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o700)  # sglang writes its --api-key into its own log line
         self.log = directory / "server.log"
         self.events = directory / "events.jsonl"
         self.state_file = directory / "state.json"
         self.state: dict = {}
+        self.secrets: dict[str, str] = {}  # value -> what to write instead ("$NAME")
+
+    def redact(self, text: str) -> str:
+        for value, name in self.secrets.items():
+            text = text.replace(value, name)
+        return text
 
     def event(self, kind: str, **fields) -> dict:
         now = time.time()
         doc = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}", "t": now, "event": kind, **fields}
         with open(self.events, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(doc) + "\n")
+            fh.write(self.redact(json.dumps(doc)) + "\n")
         return doc
 
     def update(self, **fields) -> None:
         self.state.update(fields)
         tmp = self.state_file.with_name(f".{self.state_file.name}.tmp")
-        tmp.write_text(json.dumps(self.state, indent=2))
+        tmp.write_text(self.redact(json.dumps(self.state, indent=2)))
         os.replace(tmp, self.state_file)
 
 

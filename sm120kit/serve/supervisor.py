@@ -10,6 +10,7 @@ an idle supervisor costs a wake-up per probe and per log read.
 from __future__ import annotations
 
 import os
+import queue
 import selectors
 import signal
 import sys
@@ -31,6 +32,7 @@ LOG_TICK_S = 0.5  # how often the log is read (live tail, progress)
 PROGRESS_EVERY_S = 30.0  # a "still starting" line at least this often
 LOG_TAIL_BYTES = 256 * 1024  # read for a diagnosis
 GPU_RELEASE_WAIT_S = 15.0
+GPU_MEMORY_SLACK = 512 << 20  # what another tenant's small allocation may add meanwhile
 EXIT_STOPPED, EXIT_GAVE_UP, EXIT_UNCLEAN = 0, 1, 3
 
 
@@ -67,6 +69,7 @@ class Server:
     port: int
     ports: list[tuple[str, str, int]]  # the port plan, proven free after a stop
     api_key: str | None = None
+    api_key_env: str | None = None  # its name: what is written wherever the key would be
     check_gpus: bool = True
 
 
@@ -111,15 +114,19 @@ class Supervisor:
         self.restarts = 0
         self.deaths: list[str] = []
         self._line_open = False  # the echoed log ended mid-line
-        self._probe: tuple[int, ProbeResult] | None = None
+        self._run: Run | None = None  # the current start
+        self._gpu_baseline: dict[int, int] | None = None  # GPU memory in use before the first start
+        self._probes: queue.SimpleQueue[tuple[int, ProbeResult]] = queue.SimpleQueue()
         self._probing = False
+        if server.api_key:
+            record.secrets[server.api_key] = f"${server.api_key_env or 'API_KEY'}"
 
     # -- output ------------------------------------------------------------------------
 
     def say(self, message: str) -> None:
         prefix = "\n" if self._line_open else ""
         self._line_open = False
-        self.out.write(f"{prefix}[sm120kit {time.strftime('%H:%M:%S')}] {message}\n")
+        self.out.write(f"{prefix}[sm120kit {time.strftime('%H:%M:%S')}] {self.record.redact(message)}\n")
         self.out.flush()
 
     # -- signals and waiting -----------------------------------------------------------
@@ -171,7 +178,7 @@ class Supervisor:
         if not data:
             return
         run.log_offset += len(data)
-        text = data.decode("utf-8", errors="replace")
+        text = self.record.redact(data.decode("utf-8", errors="replace"))  # sglang logs server_args, key included
         if self.echo:
             self.out.write(text)
             self.out.flush()
@@ -200,7 +207,7 @@ class Supervisor:
         attempt, s, timeout = run.attempt, self.server, self.policy.probe_timeout_s
 
         def work() -> None:
-            self._probe = (attempt, probe(s.host, s.port, timeout, s.api_key))
+            self._probes.put((attempt, probe(s.host, s.port, timeout, s.api_key)))
             self._probing = False
             try:
                 os.write(self._wake_w, b"p")
@@ -217,8 +224,8 @@ class Supervisor:
             if result.ok:
                 run.ready_at = now
                 after = round(now - run.started, 1)
-                self.record.event("ready", after_s=after)
                 self.record.update(status="ready", since=time.time(), ready_after_s=after, last_health=self._health(result))
+                self.record.event("ready", after_s=after)
                 self.say(f"ready: {self.server.name} generates (after {_duration(after)}); probing {self._url()} every {p.probe_interval_s:g}s")
             return None
         self.record.update(last_health=self._health(result))
@@ -250,9 +257,10 @@ class Supervisor:
                 run.proc.returncode = reaped[run.pid]
                 code, how = procs.exit_description(reaped[run.pid])
                 return End("died", how, code)
-            result, self._probe = self._probe, None
-            if result and result[0] == run.attempt and (end := self._on_probe(run, result[1])):
-                return end
+            while not self._probes.empty():
+                attempt, result = self._probes.get()
+                if attempt == run.attempt and (end := self._on_probe(run, result)):
+                    return end
             now = time.monotonic()
             if run.ready_at is None:
                 if now - run.started > p.startup_timeout_s:
@@ -281,7 +289,7 @@ class Supervisor:
         try:
             with open(self.record.log, "rb") as fh:
                 fh.seek(max(0, fh.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
-                return fh.read().decode("utf-8", errors="replace")
+                return self.record.redact(fh.read().decode("utf-8", errors="replace"))
         except OSError:
             return ""
 
@@ -318,10 +326,23 @@ class Supervisor:
                 return taken
             time.sleep(0.05)
 
+    def _gpu_memory(self) -> dict[int, int] | None:
+        """Memory in use on each GPU now (bytes); None when NVML cannot tell."""
+        if not self.server.check_gpus:
+            return None
+        from sm120kit.serve import gpus
+
+        try:
+            return {g.index: g.total - g.free for g in gpus.read_gpus()}
+        except gpus.NvmlUnavailable:
+            return None
+
     def _gpu_leftovers(self, pids: set[int], wait_s: float = GPU_RELEASE_WAIT_S) -> list[str] | None:
-        """Our processes (by pid seen at the stop) that NVML still lists on a GPU, after
-        waiting up to wait_s (the driver frees a context a moment after its process has
-        gone: ~0.6 s for 8 x 4 GiB on an H200); None when NVML cannot tell."""
+        """What NVML still shows of the run, after waiting up to wait_s (the driver frees a
+        context a moment after its process has gone: ~0.7 s for 8 x 12 GiB on an H200):
+        our pids on a GPU, and GPU memory above what was in use before the first start
+        (inside a container NVML reports host pids, so the pids alone could prove nothing).
+        None when NVML cannot tell."""
         if not self.server.check_gpus:
             return None
         from sm120kit.serve import gpus
@@ -333,6 +354,11 @@ class Supervisor:
             except gpus.NvmlUnavailable:
                 return None
             left = [f"pid {pid} on GPU {g.index} ({used // gpus.MIB} MiB)" for g in found for pid, used in g.processes.items() if pid in pids]
+            base = self._gpu_baseline or {}
+            left += [
+                f"GPU {g.index} uses {(g.total - g.free - base[g.index]) // gpus.MIB} MiB more than before the start"
+                for g in found if g.index in base and g.total - g.free - base[g.index] > GPU_MEMORY_SLACK
+            ]  # fmt: skip
             if not left or time.monotonic() >= end:
                 return left
             time.sleep(0.1)
@@ -374,10 +400,21 @@ class Supervisor:
             since=time.time(), host=self.server.host, port=self.server.port, log=str(self.record.log),
             events=str(self.record.events), restarts=0, last_health=None, subreaper=subreaper,
         )  # fmt: skip
+        self._gpu_baseline = self._gpu_memory()
+        try:
+            return self._loop()
+        except BaseException as exc:  # a bug or a full disk: do not leave the server unsupervised
+            self.record.event("supervisor_error", error=f"{type(exc).__name__}: {exc}")
+            if self._run is not None and self._run.proc.returncode is None:
+                self._end_run(self._run, self.policy.stop_timeout_s, drain=True)
+            self.record.update(status="stopped", since=time.time(), server_pid=None, clean=False)
+            raise
+
+    def _loop(self) -> int:
         attempt = 0
         while True:
             attempt += 1
-            run = self._start(attempt)
+            run = self._run = self._start(attempt)
             end = self._watch(run)
             if end.kind == "stop":
                 return self._stop(run, end.detail)
