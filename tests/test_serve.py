@@ -272,12 +272,17 @@ def test_api_key_reaches_the_server_and_never_the_record(serve):
         return conn.getresponse().status
 
     assert models(secret) == 200 and models(None) == 401
+    launcher = psutil.Process(s.events("started")[0]["pid"])
+    key_file = s.dir / "api-key.yaml"
+    assert secret not in " ".join(launcher.cmdline()) and str(key_file) in launcher.cmdline()  # the process list shows a path
+    assert key_file.stat().st_mode & 0o777 == 0o600
     assert s.signal() == 0
+    assert not key_file.exists()
     assert secret in (s.dir / "server.log").read_text()  # sglang's own server_args line: the directory is private
     assert s.dir.stat().st_mode & 0o777 == 0o700
     record = "".join(p.read_text() for p in s.dir.iterdir() if p.is_file() and not p.name.startswith(("server.log", "supervisor.lock")))
     assert secret not in record and secret not in s.output  # events, state and the live tail say $STANDIN_KEY
-    assert "$STANDIN_KEY" in s.events("started")[0]["argv"] and "api_key='$STANDIN_KEY'" in s.output
+    assert s.events("started")[0]["argv"][-2:] == ["--config", str(key_file)] and "api_key='$STANDIN_KEY'" in s.output
 
 
 def test_api_key_variable_unset_is_refused(serve):

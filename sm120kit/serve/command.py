@@ -4,7 +4,10 @@ limit."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+from pathlib import Path
 
 from sm120kit.errors import UserError
 from sm120kit.profiles.render import EnvRef, Launch
@@ -21,8 +24,10 @@ def print_checks(checks: list[preflight.Check], out=sys.stdout) -> None:
     out.flush()
 
 
-def resolve_argv(launch: Launch, env: dict[str, str]) -> tuple[list[str], list[str], str | None]:
-    """(argv to run, argv to show, api key): the key comes from the environment at launch."""
+def resolve_argv(launch: Launch, env: dict[str, str], key_file: Path | None = None) -> tuple[list[str], list[str], str | None]:
+    """(argv to run, argv to show, api key): the key comes from the environment at launch.
+    With key_file, the key goes into that YAML file (mode 0600) and sglang reads it with
+    `--config` (every release 0.5.9+), so the process list shows a path, not the key."""
     key = None
     argv, shown = [], []
     for a in launch.argv:
@@ -33,6 +38,12 @@ def resolve_argv(launch: Launch, env: dict[str, str]) -> tuple[list[str], list[s
         else:
             argv.append(a)
             shown.append(a)
+    if key and key_file is not None and "--config" not in argv:
+        i = argv.index(key)
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"api-key: {json.dumps(key)}\n")  # a JSON string is a YAML string
+        argv[i - 1 : i + 1] = shown[i - 1 : i + 1] = ["--config", str(key_file)]
     return argv, shown, key
 
 
@@ -74,19 +85,26 @@ def serve(profile, launch: Launch, target, args) -> int:
         if failed:
             print(f"sm120kit: refusing to start {profile.name}: {len(failed)} preflight check(s) failed (see above)", file=sys.stderr)
             return 2
-        argv, shown, key = resolve_argv(launch, env)
+        key_file = record.dir / "api-key.yaml" if _has_config_flag(target) else None
+        argv, shown, key = resolve_argv(launch, env, key_file)
         server = Server(
             profile.name, argv, shown, env, probe_host(profile.server.host), profile.server.port,
             preflight.port_plan(profile), api_key=key, api_key_env=profile.server.api_key_env, check_gpus=not args.no_gpu_check,
         )  # fmt: skip
         return Supervisor(server, Policy.from_health(profile.health), record, echo=not args.quiet).run()
     finally:
+        (record.dir / "api-key.yaml").unlink(missing_ok=True)
         lock.release()
 
 
-def record_pid(record: Record) -> int | None:
-    import json
+def _has_config_flag(target) -> bool:
+    from sm120kit.profiles.flags import read_schema
 
+    dist = target.find("sglang")
+    return dist is not None and read_schema(dist).get("--config") is not None
+
+
+def record_pid(record: Record) -> int | None:
     try:
         return json.loads(record.state_file.read_text()).get("supervisor_pid")
     except (OSError, ValueError):
