@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
-from sm120kit.patching.engine import Finding, Lost, Plan, Restore
-from sm120kit.patching.spec import Outcome, Patch
+if TYPE_CHECKING:  # `ps` and `doctor` print tables too: they must not pay for the patch engine
+    from sm120kit.patching.engine import Finding, Lost, Plan, Restore
+    from sm120kit.patching.spec import Patch
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
@@ -79,6 +80,8 @@ def _lost_head(lost: Lost) -> str:
 
 
 def _lost_tail(lost: Lost, now: Finding | None) -> str:
+    from sm120kit.patching.spec import Outcome
+
     if now is None:
         return "it is not in the patch set any more"
     return {

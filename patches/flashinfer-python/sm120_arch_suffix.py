@@ -57,8 +57,6 @@ def _method(module: cst.Module, name: str):
     return None, None
 
 
-
-
 def use_family_target(module: cst.Module, ctx):
     normalize, _ = _method(module, "_normalize_cuda_arch")
     if normalize is not None:

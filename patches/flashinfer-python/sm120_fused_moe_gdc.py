@@ -32,10 +32,6 @@ FUNCTION = "gen_cutlass_fused_moe_sm120_module"
 FLAGS_NAME = "nvcc_flags"
 
 
-
-
-
-
 def _sm12x_only(function: cst.FunctionDef) -> bool:
     """`get_nvcc_flags_list(supported_major_versions=[12])`: nvcc targets of major 12 alone."""
     return int_list(keyword_argument(function, "get_nvcc_flags_list", "supported_major_versions")) == [12]
@@ -52,8 +48,6 @@ def _flags_assignment(function: cst.FunctionDef):
     return None
 
 
-
-
 def enable_gdc(module: cst.Module, ctx):
     found = find_functions(module, [FUNCTION])
     if len(found) != 1:
@@ -61,7 +55,7 @@ def enable_gdc(module: cst.Module, ctx):
     function, put = found[0]
     for stmt in function.body.body:
         if has_string(stmt, FLAG):
-            if carries(stmt, f"# sm120kit: {ctx.patch_id} r"):
+            if carries(stmt, ctx.any_revision):
                 return AlreadyApplied()
             return FixedUpstream(f"{FUNCTION} builds fused_moe_120 with {FLAG}")
     if not _sm12x_only(function):

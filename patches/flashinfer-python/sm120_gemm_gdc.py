@@ -39,10 +39,6 @@ FUNCTIONS = {
 }
 
 
-
-
-
-
 def _sm12x_only(function: cst.FunctionDef) -> bool:
     """`get_nvcc_flags_list(supported_major_versions=[12])`: nvcc targets of major 12 alone."""
     return int_list(keyword_argument(function, "get_nvcc_flags_list", "supported_major_versions")) == [12]
@@ -52,10 +48,8 @@ def _state(function: cst.FunctionDef, ctx) -> str:
     """ours | upstream | needed"""
     for stmt in function.body.body:
         if has_string(stmt, FLAG):
-            return "ours" if carries(stmt, f"# sm120kit: {ctx.patch_id} r") else "upstream"
+            return "ours" if carries(stmt, ctx.any_revision) else "upstream"
     return "needed"
-
-
 
 
 def _with_flag(function: cst.FunctionDef, module_name: str, ctx) -> cst.FunctionDef | None:

@@ -7,31 +7,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-MIB = 1 << 20
+from sm120kit.serve.gpus import MIB, NvmlUnavailable, text, with_nvml
+
 # nvmlGpuTopologyLevel_t, nearest first (nvml.h)
 TOPOLOGY = {0: "internal", 10: "single-switch", 20: "multiple-switches", 30: "host-bridge", 40: "numa-node", 50: "across-sockets"}
 
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def read() -> dict:
-    """The live node. {"error": ...} when nvidia-ml-py or the driver is missing."""
+    """The live node. {"error": ...} when nvidia-ml-py, the driver or a GPU fails: that is the answer."""
     try:
-        import pynvml as nv
-    except ImportError:
-        return {"error": "nvidia-ml-py is not installed (pip install 'sm120kit[gpu]')"}
-    try:
-        nv.nvmlInit()
-    except nv.NVMLError as exc:
-        return {"error": f"no NVIDIA driver: NVML cannot start ({exc})"}
-    try:
-        return _read(nv)
-    except nv.NVMLError as exc:  # a GPU lost, a reset required: that is the answer
-        return {"error": f"NVML failed: {exc}"}
-    finally:
-        nv.nvmlShutdown()
+        return with_nvml(_read)
+    except NvmlUnavailable as exc:
+        return {"error": str(exc)}
 
 
 def _try(fn, *args, default=None):
@@ -50,8 +37,8 @@ def _read(nv) -> dict:
         processes = {str(p.pid): (p.usedGpuMemory or 0) // MIB for p in _try(nv.nvmlDeviceGetComputeRunningProcesses, h, default=[])}
         persistence = _try(nv.nvmlDeviceGetPersistenceMode, h)
         gpus.append({
-            "index": i, "name": _text(nv.nvmlDeviceGetName(h)), "uuid": _text(nv.nvmlDeviceGetUUID(h)),
-            "pci_bus_id": _text(nv.nvmlDeviceGetPciInfo(h).busId), "compute_capability": f"{major}.{minor}",
+            "index": i, "name": text(nv.nvmlDeviceGetName(h)), "uuid": text(nv.nvmlDeviceGetUUID(h)),
+            "pci_bus_id": text(nv.nvmlDeviceGetPciInfo(h).busId), "compute_capability": f"{major}.{minor}",
             "memory_total_mib": memory.total // MIB, "memory_used_mib": memory.used // MIB,
             "persistence_mode": None if persistence is None else persistence == 1,
             "pcie": {
@@ -69,7 +56,7 @@ def _read(nv) -> dict:
         ])  # fmt: skip
         topology.append([None if a is b else TOPOLOGY.get(_try(nv.nvmlDeviceGetTopologyCommonAncestor, a, b), "unknown") for b in handles])
     return {
-        "driver_version": _text(nv.nvmlSystemGetDriverVersion()),
+        "driver_version": text(nv.nvmlSystemGetDriverVersion()),
         "cuda_driver_version": _try(nv.nvmlSystemGetCudaDriverVersion),
         "gpus": gpus, "p2p": p2p, "topology": topology,
     }  # fmt: skip

@@ -44,8 +44,13 @@ class Context:
     revision: int
 
     @property
+    def any_revision(self) -> str:
+        """What the marker of every revision of this patch starts with."""
+        return f"# sm120kit: {self.patch_id} r"
+
+    @property
     def marker(self) -> str:
-        return f"# sm120kit: {self.patch_id} r{self.revision}"
+        return f"{self.any_revision}{self.revision}"
 
 
 @dataclass(frozen=True)

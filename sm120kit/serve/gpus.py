@@ -4,6 +4,7 @@ capability, memory, and the processes that hold memory on each. Read-only."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 MIB = 1 << 20
@@ -24,7 +25,9 @@ class NvmlUnavailable(Exception):
     """nvidia-ml-py is not installed, or NVML (the driver) cannot be loaded."""
 
 
-def _nvml():
+def with_nvml(read: Callable):
+    """read(pynvml) between nvmlInit and nvmlShutdown; every NVML problem (no package, no
+    driver, a GPU lost or needing a reset) becomes NvmlUnavailable with a plain reason."""
     try:
         import pynvml
     except ImportError:
@@ -32,23 +35,23 @@ def _nvml():
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
-        raise NvmlUnavailable(f"NVML cannot start: {exc} (is the NVIDIA driver loaded?)") from None
-    return pynvml
+        raise NvmlUnavailable(f"no NVIDIA driver: NVML cannot start ({exc})") from None
+    try:
+        return read(pynvml)
+    except pynvml.NVMLError as exc:
+        raise NvmlUnavailable(f"NVML failed: {exc}") from None
+    finally:
+        pynvml.nvmlShutdown()
 
 
-def _text(value) -> str:
+def text(value) -> str:
+    """NVML strings are bytes in older nvidia-ml-py releases."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def read_gpus() -> list[Gpu]:
     """Every GPU on the node, in NVML order. Raises NvmlUnavailable."""
-    nv = _nvml()
-    try:
-        return _read(nv)
-    except nv.NVMLError as exc:  # a GPU lost, a reset required, a call not supported
-        raise NvmlUnavailable(f"NVML failed: {exc}") from None
-    finally:
-        nv.nvmlShutdown()
+    return with_nvml(_read)
 
 
 def _read(nv) -> list[Gpu]:
@@ -64,11 +67,9 @@ def _read(nv) -> list[Gpu]:
                     processes[p.pid] = p.usedGpuMemory or 0
             except nv.NVMLError:
                 pass
-        gpus.append(Gpu(index, _text(nv.nvmlDeviceGetName(handle)), _text(nv.nvmlDeviceGetUUID(handle)),
+        gpus.append(Gpu(index, text(nv.nvmlDeviceGetName(handle)), text(nv.nvmlDeviceGetUUID(handle)),
                         f"{major}.{minor}", memory.total, memory.free, processes))  # fmt: skip
     return gpus
-
-
 
 
 def visible(gpus: list[Gpu], env: dict[str, str] | None = None) -> list[Gpu]:

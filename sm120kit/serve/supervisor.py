@@ -18,12 +18,13 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 import psutil
 
 from sm120kit.serve import procs
 from sm120kit.serve.diagnose import diagnose
-from sm120kit.serve.probe import ProbeResult, probe
+from sm120kit.serve.probe import HEALTH_PATH, ProbeResult, probe
 from sm120kit.serve.progress import LineSplitter, phase_of
 from sm120kit.serve.rundir import Record, copy_truncate, rotate
 
@@ -83,7 +84,7 @@ class Run:
     phase: str = "launching"
     phase_said_at: float = 0.0
     failures_in_row: int = 0
-    log_offset: int = 0
+    log: BinaryIO | None = None  # the server's log, open for the live tail
     splitter: LineSplitter = field(default_factory=LineSplitter)
 
     @property
@@ -162,22 +163,16 @@ class Supervisor:
         rotate(self.record.log)
         marker = f"{self.server.name}:{uuid.uuid4().hex[:12]}"
         proc = procs.spawn(self.server.argv, {**self.server.env, procs.MARKER: marker}, str(self.record.log))
-        run = Run(attempt, proc, marker)
+        run = Run(attempt, proc, marker, log=open(self.record.log, "rb"))  # noqa: SIM115 (closed in _end_run)
         self.record.event("started", attempt=attempt, pid=proc.pid, argv=self.server.shown_argv, log=str(self.record.log))
         self.record.update(status="starting", since=time.time(), server_pid=proc.pid, marker=marker, attempt=attempt, restarts=self.restarts)
         self.say(f"started {self.server.name}: pid {proc.pid} (attempt {attempt}); ready when it generates, within {_duration(self.policy.startup_timeout_s)}; log {self.record.log}")
         return run
 
     def _read_log(self, run: Run) -> None:
-        try:
-            with open(self.record.log, "rb") as fh:
-                fh.seek(run.log_offset)
-                data = fh.read()
-        except OSError:
-            return
+        data = run.log.read()
         if not data:
             return
-        run.log_offset += len(data)
         text = self.record.redact(data.decode("utf-8", errors="replace"))  # sglang logs server_args, key included
         if self.echo:
             self.out.write(text)
@@ -187,9 +182,9 @@ class Supervisor:
             for line in run.splitter.feed(text):
                 if phase := phase_of(line):
                     self._progress(run, phase)
-        if run.log_offset > self.log_max_bytes:
+        if run.log.tell() > self.log_max_bytes:
             copy_truncate(self.record.log)
-            run.log_offset = 0
+            run.log.seek(0)
 
     def _progress(self, run: Run, phase: str) -> None:
         now = time.monotonic()
@@ -277,7 +272,7 @@ class Supervisor:
             self._sleep(max(0.01, wake - now))
 
     def _url(self) -> str:
-        return f"http://{self.server.host}:{self.server.port}/health_generate"
+        return f"http://{self.server.host}:{self.server.port}{HEALTH_PATH}"
 
     @staticmethod
     def _health(result: ProbeResult) -> dict:
@@ -315,6 +310,7 @@ class Supervisor:
         report = procs.stop(run.pid, run.marker, timeout, hurry=self._hurry, drain=drain)
         if run.proc.returncode is None:  # reaped by procs.reap(): Popen must not wait for it again
             run.proc.returncode = -signal.SIGKILL
+        run.log.close()
         return report
 
     def _ports_taken(self, wait_s: float = 5.0) -> list[str]:
