@@ -17,6 +17,7 @@ import argparse
 import csv
 import fnmatch
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -50,16 +51,58 @@ def _cached(package: str, version: str) -> Path | None:
     return hits[0] if hits else None
 
 
+class FetchError(Exception):
+    """pip could not give the wheel: the release does not exist, or the index is out of reach."""
+
+
+# What pip prints when it never reached the index (as opposed to an index without the release).
+_UNREACHABLE = re.compile(
+    r"NewConnectionError|Failed to establish a new connection|Network is unreachable|Temporary failure in name "
+    r"resolution|Name or service not known|Max retries exceeded|ConnectTimeout|ReadTimeout|ProxyError|SSLError|Connection refused"
+)
+
+
+def _pip_download(requirement: str) -> Path:
+    """`pip download --no-deps` of one requirement into the cache; the wheel it gave."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *PLATFORM, requirement, "-d", str(cache_dir())]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    text = proc.stdout + proc.stderr
+    if proc.returncode == 0 and (m := re.search(r"(?:Saved|File was already downloaded) (\S+\.whl)", text)):
+        return Path(m[1])
+    name = re.split(r"[=<>!~ ]", requirement, maxsplit=1)[0]
+    listed = re.search(r"\(from versions: ([^)]*)\)", text)
+    if _UNREACHABLE.search(text) or (listed and listed[1].strip() == "none" and "Retrying" in text):
+        raise FetchError(f"cannot reach the package index for {requirement} (no network?)")
+    if listed and listed[1].strip() != "none":
+        newest = ", ".join(listed[1].split(", ")[-3:])
+        raise FetchError(f"{requirement} is not on the package index (its newest releases there: {newest})")
+    if listed:
+        raise FetchError(f"the package index has no {name} wheel for this platform ({requirement})")
+    last = [line for line in text.splitlines() if line.strip()][-1:] or ["no output"]
+    raise FetchError(f"pip download {requirement} failed: {last[0].strip()}")
+
+
 def fetch(package: str, version: str) -> Path:
     """The wheel of package==version, downloaded once (pip download --no-deps)."""
     if hit := _cached(package, version):
         return hit
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", *PLATFORM,
-           f"{package}=={version}", "-d", str(cache_dir())]  # fmt: skip
-    subprocess.run(cmd, check=True, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
-    if hit := _cached(package, version):
-        return hit
-    raise FileNotFoundError(f"pip download gave no wheel for {package}=={version}")
+    return _pip_download(f"{package}=={version}")
+
+
+def latest(package: str) -> str:
+    """The newest release of `package` that the package index offers (pip's choice: no
+    pre-releases), fetched into the cache on the way."""
+    wheel = _pip_download(package)
+    return wheel.name.split("-")[1]
+
+
+def flashinfer_pin(sglang_version: str) -> str | None:
+    """The flashinfer-python release that sglang==version pins (its METADATA says)."""
+    with zipfile.ZipFile(fetch("sglang", sglang_version)) as zf:
+        info = next(n for n in zf.namelist() if n.split("/")[0].endswith(".dist-info") and n.endswith("/METADATA"))
+        metadata = zf.read(info).decode()
+    pins = re.findall(r"^Requires-Dist: flashinfer[-_]python(?:\[[^\]]*\])?==([^\s;,]+)", metadata, re.M)
+    return pins[0] if pins else None
 
 
 def unpack(wheel: Path, site: Path, members: list[str] | None = None) -> Path:
@@ -107,12 +150,16 @@ def main() -> int:
         parser.error("name at least one version, or --window")
     if args.site and len(versions) != 1:
         parser.error("--site takes exactly one version")
-    for version in versions:
-        wheel = fetch(args.package, version)
-        print(wheel)
-        if args.site:
-            dist_info = install(args.site, args.package, version, args.member)
-            print(f"installed {dist_info.name} into {args.site}")
+    try:
+        for version in versions:
+            wheel = fetch(args.package, version)
+            print(wheel)
+            if args.site:
+                dist_info = install(args.site, args.package, version, args.member)
+                print(f"installed {dist_info.name} into {args.site}")
+    except FetchError as exc:
+        print(f"fetch_wheels: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

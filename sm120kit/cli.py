@@ -30,6 +30,13 @@ def _patch_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", action="append", metavar="ID", help="just this patch (repeatable)")
 
 
+def _allow_missing_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-missing", action="append", metavar="ID", default=[],
+        help="go on although patch ID's anchor is missing on the installed release (repeatable); `patch` records it in the ledger for that release",
+    )  # fmt: skip
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON document instead of a table")
     parser.add_argument("--debug", action="store_true", help="print tracebacks and full details")
@@ -53,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="one row per patch: installed version, outcome, upstream fix")
     _target_args(p)
     _patch_args(p)
+    _allow_missing_arg(p)
     _common(p)
     p.set_defaults(func=cmd_status)
 
@@ -64,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--diff", action="store_true", help="write nothing; print the unified diff that would be written")
     mode.add_argument("--verify", action="store_true", help="apply, then prove from disk that every patch is in place")
     p.add_argument("--force", action="store_true", help="patch files that someone else edited")
+    _allow_missing_arg(p)
     p.add_argument("--keep-jit-cache", action="store_true", help="keep JIT caches (flashinfer) built from the old sources")
     _common(p)
     p.set_defaults(func=cmd_patch)
@@ -113,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-rank", type=int, metavar="N", help="this node's rank in a multi-node profile")
     p.add_argument("--kill-stale", action="store_true", help="stop stale sglang processes that the preflight finds")
     p.add_argument("--no-patch-check", action="store_true", help="start even if the profile's patches are not in place")
+    _allow_missing_arg(p)
     p.add_argument("--no-gpu-check", action="store_true", help="skip the GPU count, compute capability and free-memory check")
     p.add_argument("--quiet", action="store_true", help="do not echo the server's log (it is still written to the log file)")
     p.add_argument("--patch-dir", action="append", metavar="DIR", help="also load patches from DIR (or $SM120KIT_PATCH_PATH)")
@@ -175,8 +185,13 @@ def _load(args, selected: bool = True):
     from sm120kit.target import resolve_target
 
     patches = load_patches(args.patch_dir)
-    chosen = select(patches, args.only)
+    chosen = select(patches, args.only, "--only")
+    select(patches, getattr(args, "allow_missing", None), "--allow-missing")  # known ids only
     return resolve_target(args.python, args.site), chosen if selected else patches
+
+
+def _allowed(args) -> frozenset[str]:
+    return frozenset(getattr(args, "allow_missing", None) or ())
 
 
 def cmd_patches(args) -> int:
@@ -193,12 +208,14 @@ def cmd_status(args) -> int:
     from sm120kit.patching import engine
 
     target, patches = _load(args)
-    plan = engine.plan(target, patches, need_bytes=False)
+    plan = engine.plan(target, patches, need_bytes=False, allow_missing=_allowed(args))
     code = plan.exit_code(check=True)
     if args.json:
         report.emit_json(report.plan_json("status", plan, code))
         return code
     report.print_plan(plan, args.debug)
+    if unproven := report.unproven_summary(plan):
+        print(unproven)
     return code
 
 
@@ -208,7 +225,7 @@ def cmd_patch(args) -> int:
 
     target, patches = _load(args)
     if args.check or args.diff:
-        plan = engine.plan(target, patches, force=args.force, need_bytes=args.diff)
+        plan = engine.plan(target, patches, force=args.force, need_bytes=args.diff, allow_missing=_allowed(args))
         code = plan.exit_code(check=args.check)
         diffs = [c.diff() for c in plan.changes] if args.diff else []
         if args.json:
@@ -220,24 +237,27 @@ def cmd_patch(args) -> int:
                 print(f"error: {f.patch.id}: {f.outcome.value}: {f.detail}", file=sys.stderr)
             return code
     else:
-        plan = engine.apply(target, patches, force=args.force, keep_jit_cache=args.keep_jit_cache)
+        plan = engine.apply(target, patches, force=args.force, keep_jit_cache=args.keep_jit_cache, allow_missing=_allowed(args))
         code = plan.exit_code(check=False)
     problems = engine.verify(target, patches) if args.verify and code == 0 else []
     if problems:
         code = 2
     if args.json:
         mode = "verify" if args.verify else "check" if args.check else "apply"
-        report.emit_json(report.plan_json("patch", plan, code, {"mode": mode, "verify_problems": problems}))
+        report.emit_json(report.plan_json("patch", plan, code, {"mode": mode, "verify_problems": problems, "verified": bool(args.verify and code == 0)}))
         return code
     report.print_plan(plan, args.debug)
     print(report.summary(plan.findings) + ("" if not plan.errors else "; nothing was written"))
+    if unproven := report.unproven_summary(plan):
+        print(unproven)
     if args.check and code == 1:
         print("would change: run `sm120kit patch` to apply")
     if args.verify:
         if problems:
             print("verify FAILED:\n  " + "\n  ".join(problems), file=sys.stderr)
         elif code == 0:
-            print("verified: every patch is in place, fixed upstream or not applicable, and matches the ledger")
+            caveat = "; unproven on this release: see above" if unproven else ""
+            print(f"verified: every patch is in place, fixed upstream or not applicable, and matches the ledger{caveat}")
     return code
 
 

@@ -43,13 +43,14 @@ def patch_listing(patches: list[Patch], shipped: str) -> tuple[str, list[dict]]:
                 "why": p.why,
                 "revision": p.revision,
                 "fixed_in": p.fixed_in,
+                "proven_window": p.window,
                 "refs": list(p.refs),
                 "rewrites": [{"path": r.path, "versions": r.versions} for r in p.rewrites],
                 "source": origin,
             }
         )
         rows.append([p.id, p.package, " | ".join(r.versions for r in p.rewrites), p.fixed_in or "open", p.summary])
-        detail = f"{p.id} (r{p.revision}, {origin})\n  {p.why}"
+        detail = f"{p.id} (r{p.revision}, {origin}, proven {p.window})\n  {p.why}"
         if p.refs:
             detail += f"\n  upstream: {', '.join(p.refs)}"
         details.append(detail + "".join(f"\n  {r.versions:<22} {r.path}" for r in p.rewrites))
@@ -84,6 +85,13 @@ def _lost_tail(lost: Lost, now: Finding | None) -> str:
 
     if now is None:
         return "it is not in the patch set any more"
+    tail = _lost_outcome(lost, now)
+    return f"{tail} ({now.unproven})" if now.unproven and now.outcome is not Outcome.FIXED_UPSTREAM else tail
+
+
+def _lost_outcome(lost: Lost, now: Finding) -> str:
+    from sm120kit.patching.spec import Outcome
+
     return {
         Outcome.APPLIED: "re-applied",
         Outcome.WOULD_APPLY: "run `sm120kit patch` to re-apply it",
@@ -106,6 +114,16 @@ def print_plan(plan: Plan, debug: bool) -> None:
         print(message)
     print_cache_notes(plan)
     print(findings_table(plan.findings, debug))
+    for hint in dict.fromkeys(f"{f.patch.id}: {f.hint}" for f in plan.errors if f.hint):
+        print(f"next: {hint}")
+
+
+def _detail(f: Finding, debug: bool) -> str:
+    """The detail's first line, led by the unproven note where the outcome depends on it."""
+    detail = _first_line(f.detail, debug)
+    if f.unproven and not detail.startswith(f.unproven) and f.outcome.value not in ("fixed-upstream", "not-applicable"):
+        return f"{f.unproven}" + (f"; {detail}" if detail else "")
+    return detail
 
 
 def findings_table(findings: list[Finding], debug: bool) -> str:
@@ -117,7 +135,7 @@ def findings_table(findings: list[Finding], debug: bool) -> str:
             f.outcome.value,
             f.fixed_in or "-",
             f.path or "-",
-            _first_line(f.detail, debug),
+            _detail(f, debug),
         ]
         for f in findings
     ]
@@ -127,8 +145,19 @@ def findings_table(findings: list[Finding], debug: bool) -> str:
 def summary(findings: list[Finding]) -> str:
     counts: dict[str, int] = {}
     for f in findings:
-        counts[f.outcome.value] = counts.get(f.outcome.value, 0) + 1
+        label = f.outcome.value + (" (allowed)" if f.allowed else "")
+        counts[label] = counts.get(label, 0) + 1
     return ", ".join(f"{n} {o}" for o, n in counts.items()) or "no patches"
+
+
+def unproven_summary(plan: Plan) -> str:
+    """One line per release past a patch's proven window, naming the patches run by shape."""
+    by_note: dict[str, list[str]] = {}
+    for f in plan.unproven:
+        ids = by_note.setdefault(f.unproven, [])
+        if f.patch.id not in ids:
+            ids.append(f.patch.id)
+    return "\n".join(f"{note}: {', '.join(ids)} (run by the shape of the code)" for note, ids in by_note.items())
 
 
 def plan_json(command: str, plan: Plan, code: int, extra: dict | None = None) -> dict:
@@ -138,6 +167,7 @@ def plan_json(command: str, plan: Plan, code: int, extra: dict | None = None) ->
         "results": [f.as_json() for f in plan.findings],
         "lost": [vars(x) for x in plan.lost],
         "messages": lost_messages(plan),
+        "unproven": [f.as_json() for f in plan.unproven],
         "warnings": plan.warnings,
         "jit_cache_removed": [str(p) for p in plan.jit_cache_removed],
         **(extra or {}),

@@ -3,7 +3,9 @@ CLI run in-process."""
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import re
 import sys
 import zipfile
@@ -32,13 +34,7 @@ MEMBERS = sorted({r.path for p in load_patches([str(FIXTURE_PATCHES)]) for r in 
 ]
 
 
-@functools.lru_cache(maxsize=None)
-def flashinfer_pin(version: str) -> str | None:
-    """The flashinfer-python release that sglang==version pins (its METADATA says)."""
-    with zipfile.ZipFile(fetch_wheels.fetch("sglang", version)) as zf:
-        metadata = zf.read(f"sglang-{version}.dist-info/METADATA").decode()
-    pins = re.findall(r"^Requires-Dist: flashinfer[-_]python(?:\[[^\]]*\])?==([^\s;,]+)", metadata, re.M)
-    return pins[0] if pins else None
+flashinfer_pin = functools.lru_cache(maxsize=None)(fetch_wheels.flashinfer_pin)
 
 
 def install(site: Path, version: str, flashinfer: bool = True) -> Path:
@@ -48,6 +44,31 @@ def install(site: Path, version: str, flashinfer: bool = True) -> Path:
     if pin:
         fetch_wheels.install(site, "flashinfer-python", pin, MEMBERS)
     return fetch_wheels.install(site, "sglang", version, MEMBERS)
+
+
+def raise_version(site: Path, package: str, new: str) -> Path:
+    """The installed release of `package` as its next upstream release will look when its
+    code is unchanged: the same files, the version raised (METADATA, the dist-info's name,
+    RECORD's rows for it). Returns the new dist-info."""
+    stem = package.replace("-", "_")
+    [old] = site.glob(f"{stem}-*.dist-info")
+    new_info = site / f"{stem}-{new}.dist-info"
+    metadata = (old / "METADATA").read_text()
+    (old / "METADATA").write_text(re.sub(r"^Version: .*$", f"Version: {new}", metadata, count=1, flags=re.M))
+    record = (old / "RECORD").read_text()
+    (old / "RECORD").write_text(record.replace(f"{old.name}/", f"{new_info.name}/"))
+    old.rename(new_info)
+    return new_info
+
+
+def replace_installed(site: Path, package: str, relpath: str, data: bytes) -> None:
+    """A release whose file differs from the one installed: new bytes, and RECORD's hash
+    for them (as the wheel of that release would have it)."""
+    (site / relpath).write_bytes(data)
+    [dist_info] = site.glob(f"{package.replace('-', '_')}-*.dist-info")
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    rows = [f"{relpath},sha256={digest},{len(data)}" if line.startswith(f"{relpath},") else line for line in (dist_info / "RECORD").read_text().splitlines()]
+    (dist_info / "RECORD").write_text("\n".join(rows) + "\n")
 
 
 def next_release(version: str) -> str | None:

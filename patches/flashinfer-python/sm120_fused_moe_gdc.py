@@ -17,7 +17,7 @@ fused_moe_120 JIT cache directory must be removed for the flag to take effect.
 
 from __future__ import annotations
 
-from sm120kit.patching.cst_tools import append_element, carries, cst, find_functions, has_string, int_list, keyword_argument, marker_line
+from sm120kit.patching.cst_tools import append_element, builds_only_for_major, carries, cst, find_functions, has_string, marker_line
 from sm120kit.patching.spec import (
     AlreadyApplied,
     AnchorMissing,
@@ -30,11 +30,6 @@ from sm120kit.patching.spec import (
 FLAG = "-DCUTLASS_ENABLE_GDC_FOR_SM100=1"
 FUNCTION = "gen_cutlass_fused_moe_sm120_module"
 FLAGS_NAME = "nvcc_flags"
-
-
-def _sm12x_only(function: cst.FunctionDef) -> bool:
-    """`get_nvcc_flags_list(supported_major_versions=[12])`: nvcc targets of major 12 alone."""
-    return int_list(keyword_argument(function, "get_nvcc_flags_list", "supported_major_versions")) == [12]
 
 
 def _flags_assignment(function: cst.FunctionDef):
@@ -55,10 +50,10 @@ def enable_gdc(module: cst.Module, ctx):
     function, put = found[0]
     for stmt in function.body.body:
         if has_string(stmt, FLAG):
-            if carries(stmt, ctx.any_revision):
+            if carries(stmt, ctx.marker):
                 return AlreadyApplied()
             return FixedUpstream(f"{FUNCTION} builds fused_moe_120 with {FLAG}")
-    if not _sm12x_only(function):
+    if not builds_only_for_major(function, 12):
         return AnchorMissing(f"{FUNCTION} is not restricted to supported_major_versions=[12]")
     stmt = _flags_assignment(function)
     if stmt is None:
@@ -84,6 +79,6 @@ PATCH = Patch(
     fixed_in="0.6.8",
     rewrites=(
         # 0.6.3 and 0.6.7.postN carry the bug; from 0.6.8 the transform only confirms the flag.
-        Rewrite("flashinfer/jit/fused_moe.py", ">=0.6.3,<0.7.3", enable_gdc),
+        Rewrite("flashinfer/jit/fused_moe.py", ">=0.6.3,<=0.7.2", enable_gdc),
     ),
 )

@@ -21,7 +21,7 @@ effect (the engine's job).
 
 from __future__ import annotations
 
-from sm120kit.patching.cst_tools import append_element, callee_name, carries, cst, find_functions, has_string, int_list, keyword_argument, marker_line
+from sm120kit.patching.cst_tools import append_element, builds_only_for_major, callee_name, carries, cst, find_functions, has_string, marker_line
 from sm120kit.patching.spec import (
     AlreadyApplied,
     AnchorMissing,
@@ -39,16 +39,11 @@ FUNCTIONS = {
 }
 
 
-def _sm12x_only(function: cst.FunctionDef) -> bool:
-    """`get_nvcc_flags_list(supported_major_versions=[12])`: nvcc targets of major 12 alone."""
-    return int_list(keyword_argument(function, "get_nvcc_flags_list", "supported_major_versions")) == [12]
-
-
 def _state(function: cst.FunctionDef, ctx) -> str:
     """ours | upstream | needed"""
     for stmt in function.body.body:
         if has_string(stmt, FLAG):
-            return "ours" if carries(stmt, ctx.any_revision) else "upstream"
+            return "ours" if carries(stmt, ctx.marker) else "upstream"
     return "needed"
 
 
@@ -91,7 +86,7 @@ def enable_gdc(module: cst.Module, ctx):
         function, put = found[0]
         states[name] = _state(function, ctx)
         if states[name] == "needed":
-            if not _sm12x_only(function):
+            if not builds_only_for_major(function, 12):
                 return AnchorMissing(f"{name} is not restricted to supported_major_versions=[12]")
             new = _with_flag(function, module_name, ctx)
             if new is None:
@@ -117,6 +112,6 @@ PATCH = Patch(
     fixed_in="0.6.7",
     rewrites=(
         # 0.6.3 carries the bug; from 0.6.7 the transform only confirms the upstream flag.
-        Rewrite("flashinfer/jit/gemm/core.py", ">=0.6.3,<0.7.3", enable_gdc),
+        Rewrite("flashinfer/jit/gemm/core.py", ">=0.6.3,<=0.7.2", enable_gdc),
     ),
 )

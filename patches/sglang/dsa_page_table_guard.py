@@ -79,5 +79,5 @@ PATCH = Patch(
         "0.5.22 fixed the wrapped-backend case only."
     ),
     refs=("sgl-project/sglang#29562", "sgl-project/sglang#29580"),
-    rewrites=(Rewrite(_FORWARD_MHA, ">=0.5.9,<0.5.24", guard_page_table),),
+    rewrites=(Rewrite(_FORWARD_MHA, ">=0.5.9,<=0.5.23", guard_page_table),),
 )

@@ -92,6 +92,6 @@ PATCH = Patch(
         Rewrite("sglang/srt/model_executor/model_runner.py", ">=0.5.9,<0.5.14", widen_autotune_gate),
         # From 0.5.14 the gate moved; these only confirm that the fix is there.
         Rewrite("sglang/srt/model_executor/runner/base_runner.py", ">=0.5.14,<0.5.15", widen_autotune_gate),
-        Rewrite("sglang/srt/model_executor/runner/flashinfer_autotune.py", ">=0.5.15,<0.5.24", widen_autotune_gate),
+        Rewrite("sglang/srt/model_executor/runner/flashinfer_autotune.py", ">=0.5.15,<=0.5.23", widen_autotune_gate),
     ),
 )

@@ -25,7 +25,7 @@ def _patch_status(target) -> list[dict]:
     from sm120kit.patching.registry import load_patches
 
     plan = engine.plan(target, load_patches(None), need_bytes=False)
-    return [{"patch": f.patch.id, "version": f.version, "outcome": f.outcome.value} for f in plan.findings]
+    return [{"patch": f.patch.id, "version": f.version, "outcome": f.outcome.value, "proven": not f.unproven} for f in plan.findings]
 
 
 def _live_line(level: analysis.Level) -> str:

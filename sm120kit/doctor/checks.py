@@ -316,10 +316,15 @@ def patches(host: Host, profile) -> Result:
     for f in plan.findings:
         counts[f.outcome.value] = counts.get(f.outcome.value, 0) + 1
     detail = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    if unproven := sorted({f"{f.patch.id} ({f.unproven})" for f in plan.unproven}):
+        detail += "; " + "; ".join(unproven)
     if code == 1:
         return Result("patches", WARN, detail, "sm120kit patch --verify")
     if code == 2:
-        return Result("patches", FAIL, detail, "sm120kit status shows which; sm120kit patch --force only if the edits are yours")
+        hints = [f"{f.patch.id}: {f.hint}" for f in plan.errors if f.hint]
+        return Result("patches", FAIL, detail, hints[0] if hints else "sm120kit status shows which; sm120kit patch --force only if the edits are yours")
+    if unproven:
+        return Result("patches", WARN, detail, "run by the shape of the code on a release newer than they were proven on: watch the first requests")
     return Result("patches", OK, detail)
 
 

@@ -66,8 +66,12 @@ def iter_nodes(node: libcst.CSTNode) -> Iterator[libcst.CSTNode]:
 
 
 def carries(node: libcst.CSTNode, marker: str) -> bool:
-    """Whether a statement has `marker` in a comment line above it."""
-    return any(line.comment and marker in line.comment.value for line in getattr(node, "leading_lines", ()))
+    """Whether a statement has the marker comment `marker` (optionally `marker: why`) in a
+    comment line above it; another revision's marker (r1 for r10) does not count."""
+    return any(
+        line.comment and (line.comment.value == marker or line.comment.value.startswith(marker + ":"))
+        for line in getattr(node, "leading_lines", ())
+    )
 
 
 def compares_to(node: libcst.CSTNode, number: str) -> bool:
@@ -107,6 +111,13 @@ def int_list(node: libcst.CSTNode | None) -> list[int] | None:
     if not isinstance(node, cst.List) or not all(isinstance(e.value, cst.Integer) for e in node.elements):
         return None
     return [e.value.evaluated_value for e in node.elements]
+
+
+def builds_only_for_major(function: libcst.FunctionDef, major: int) -> bool:
+    """flashinfer's JIT generators: `get_nvcc_flags_list(supported_major_versions=[major])`
+    restricts the module's nvcc targets to that major (e.g. 12: SM12x alone), so a flag
+    added to it changes no other GPU's build."""
+    return int_list(keyword_argument(function, "get_nvcc_flags_list", "supported_major_versions")) == [major]
 
 
 def append_element(items: libcst.List, value: libcst.BaseExpression) -> libcst.List:

@@ -30,6 +30,7 @@ from sm120kit.patching.spec import (
     Patch,
     Rewrite,
     Rewritten,
+    marker_revisions,
 )
 from sm120kit.target import Distribution, Target
 
@@ -42,6 +43,14 @@ class Finding:
     version: str | None = None
     path: str | None = None
     fixed_in: str | None = None  # the upstream release that fixed this part, if any
+    unproven: str = ""  # past the proven window: "unproven on sglang 0.5.24 (proven 0.5.9–0.5.23)"
+    allowed: bool = False  # an anchor-missing the user accepted (--allow-missing, recorded)
+    stuck: bool = False  # outdated, and `patch` cannot rebuild it (the detail says why)
+    hint: str = ""  # for an error: what to do next
+
+    @property
+    def is_error(self) -> bool:
+        return (self.outcome.is_error and not self.allowed) or self.stuck
 
     def as_json(self) -> dict:
         return {
@@ -52,6 +61,12 @@ class Finding:
             "outcome": self.outcome.value,
             "detail": self.detail,
             "fixed_in": self.fixed_in,
+            "proven": not self.unproven,
+            "proven_window": self.patch.window,
+            "unproven": self.unproven or None,
+            "allowed": self.allowed,
+            "error": self.is_error,
+            "hint": self.hint or None,
         }
 
 
@@ -103,15 +118,25 @@ class Plan:
     drop: list[tuple[Ledger, str]] = field(default_factory=list)  # entries now describing vendor bytes
     warnings: list[str] = field(default_factory=list)
     jit_cache_removed: list[Path] = field(default_factory=list)
+    allowances: dict[tuple[Path, str], dict] = field(default_factory=dict)  # (site, patch id): --allow-missing to record
 
     @property
     def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.outcome.is_error]
+        return [f for f in self.findings if f.is_error]
+
+    @property
+    def pending(self) -> list[Finding]:
+        """What `patch` would change: new patches and older revisions to bring up."""
+        return [f for f in self.findings if f.outcome in (Outcome.WOULD_APPLY, Outcome.OUTDATED) and not f.stuck]
+
+    @property
+    def unproven(self) -> list[Finding]:
+        return [f for f in self.findings if f.unproven and f.outcome not in (Outcome.FIXED_UPSTREAM, Outcome.NOT_APPLICABLE)]
 
     def exit_code(self, check: bool) -> int:
         if self.errors:
             return 2
-        if check and any(f.outcome is Outcome.WOULD_APPLY for f in self.findings):
+        if check and self.pending:
             return 1
         return 0
 
@@ -178,7 +203,7 @@ def _self_check(after: bytes, items, findings: list[Finding], relpath: str) -> N
     for (patch, rewrite), f in zip(items, findings):
         if f.outcome is not Outcome.WOULD_APPLY:
             continue
-        if patch.context().marker not in text:
+        if patch.revision not in marker_revisions(text, patch.id):
             f.outcome, f.detail = Outcome.FAILED, "the transform did not leave its marker comment"
         elif not isinstance(rewrite.transform(module, patch.context()), AlreadyApplied):
             f.outcome, f.detail = Outcome.FAILED, "unstable: a second pass would change the code again"
@@ -187,10 +212,19 @@ def _self_check(after: bytes, items, findings: list[Finding], relpath: str) -> N
 # -- planning --------------------------------------------------------------------------
 
 
-def plan(target: Target, patches: list[Patch], force: bool = False, *, cache: bool = True, need_bytes: bool = True) -> Plan:
+def plan(
+    target: Target,
+    patches: list[Patch],
+    force: bool = False,
+    *,
+    cache: bool = True,
+    need_bytes: bool = True,
+    allow_missing: frozenset[str] = frozenset(),
+) -> Plan:
     """What each patch is on the target, and (with need_bytes) the new bytes of each file
     to change. `cache` lets verdicts cached for these exact bytes stand in for running the
-    transforms; `verify` turns it off to prove everything from disk."""
+    transforms; `verify` turns it off to prove everything from disk. `allow_missing`: patch
+    ids whose anchor-missing the user accepts (recorded in the ledger by `apply`)."""
     result = Plan(target)
     by_package: dict[str, list[Patch]] = defaultdict(list)
     for patch in patches:
@@ -208,14 +242,21 @@ def plan(target: Target, patches: list[Patch], force: bool = False, *, cache: bo
         ledger = result.ledgers[dist.site]
         per_file: dict[str, list[tuple[Patch, Rewrite]]] = defaultdict(list)
         for patch in group:
-            rewrites = patch.rewrites_for(dist.version)
-            for rewrite in rewrites:
-                per_file[rewrite.path].append((patch, rewrite))
-            if not rewrites:
+            if rewrites := patch.rewrites_for(dist.version):
+                for rewrite in rewrites:
+                    per_file[rewrite.path].append((patch, rewrite))
+            elif patch.is_past_window(dist.version):
+                result.findings += _past_window(patch, dist, per_file)
+            else:
                 outcome, detail = _outside_window(patch, dist)
                 result.findings.append(Finding(patch, outcome, detail, dist.version, fixed_in=patch.fixed_in))
+        allowed = {pid: "--allow-missing" for pid in allow_missing}
+        allowed = {**ledger.allowed_for(dist.name, dist.version), **allowed}
         for relpath, items in per_file.items():
-            _plan_file(result, dist, ledger, relpath, items, force, cache, need_bytes)
+            _plan_file(result, dist, ledger, relpath, items, force, cache, need_bytes, allowed)
+        for f in result.findings:
+            if f.outcome is Outcome.ANCHOR_MISSING and f.patch.package == dist.name and f.patch.id in allow_missing:
+                result.allowances[(dist.site, f.patch.id)] = {"package": dist.name, "version": dist.version, "reason": f.detail.rsplit(" (allowed:", 1)[0]}
         _plan_untargeted_entries(result, dist, ledger, set(per_file))
         result.warnings += _stale_jit_caches(dist, ledger)
         prebuilt = jit_cache.prebuilt_package(dist)
@@ -247,6 +288,25 @@ def _stale_jit_caches(dist: Distribution, ledger: Ledger) -> list[str]:
         f"patched the sources ({patched:%Y-%m-%d %H:%M} UTC); remove it (rm -rf {d}) so they are rebuilt"
         for d in jit_cache.built_before(dist, patched.timestamp())
     ]
+
+
+def unproven_note(patch: Patch, dist: Distribution) -> str:
+    return f"unproven on {dist.name} {dist.version} (proven {patch.window})"
+
+
+def _past_window(patch: Patch, dist: Distribution, per_file: dict[str, list[tuple[Patch, Rewrite]]]) -> list[Finding]:
+    """A release newer than every one the patch was proven on: a part whose bug upstream
+    fixed is fixed-upstream by version; every other part of the window's top runs by shape
+    (its findings are marked unproven by _plan_file)."""
+    findings = []
+    for rewrite in patch.current_rewrites:
+        fixed = patch.fixed_in_for(rewrite)
+        if patch.part_fixed_in(rewrite, dist.version):
+            detail = f"fixed upstream in {fixed} (by version; proven {patch.window})"
+            findings.append(Finding(patch, Outcome.FIXED_UPSTREAM, detail, dist.version, rewrite.path, fixed))
+        else:
+            per_file[rewrite.path].append((patch, rewrite))
+    return findings
 
 
 def _outside_window(patch: Patch, dist: Distribution) -> tuple[Outcome, str]:
@@ -292,13 +352,14 @@ def _verdicts(before: bytes, digest: str, items, version: str, relpath: str, cac
     return after, findings
 
 
-def _plan_file(plan_: Plan, dist: Distribution, ledger: Ledger, relpath: str, items, force: bool, cache: bool, need_bytes: bool) -> None:
+def _plan_file(plan_: Plan, dist: Distribution, ledger: Ledger, relpath: str, items, force: bool, cache: bool, need_bytes: bool, allowed: dict[str, str]) -> None:
     path = dist.file(relpath)
     try:
         before = path.read_bytes()
     except FileNotFoundError:
         reason = f"{relpath} is absent from {dist.name} {dist.version} ({path})"
-        plan_.findings += [Finding(p, Outcome.ANCHOR_MISSING, reason, dist.version, relpath) for p, _ in items]
+        findings = [Finding(p, Outcome.ANCHOR_MISSING, reason, dist.version, relpath, p.fixed_in_for(r)) for p, r in items]
+        plan_.findings += _qualified(findings, dist, allowed)
         return
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}", "run as a user that can read the environment") from None
@@ -307,16 +368,20 @@ def _plan_file(plan_: Plan, dist: Distribution, ledger: Ledger, relpath: str, it
     entry = ledger.files.get(key)
     digest = sha256(before)
     state = _file_state(dist, entry, relpath, digest)
-    after, findings = _verdicts(before, digest, items, dist.version, relpath, cache, need_bytes)
-    plan_.findings += findings
+    older = _other_revisions(before, items)
+    if older:
+        after, findings = _rebuild(before, dist, ledger, entry, state, relpath, items, older, need_bytes)
+    else:
+        after, findings = _verdicts(before, digest, items, dist.version, relpath, cache, need_bytes)
+    plan_.findings += _qualified(findings, dist, allowed)
 
     if entry and state == "pristine":  # an upgrade or reinstall put the vendor's bytes back
         plan_.lost += [Lost(dist.name, entry.version, dist.version, pid, entry.path) for pid in entry.patches]
         plan_.drop.append((ledger, key))
 
-    if state == "foreign":
+    if state == "foreign" and not older:
         _judge_foreign(findings, entry, relpath, force)
-    if after is None or after == before or any(f.outcome.is_error for f in findings):
+    if after is None or after == before or any(f.is_error for f in findings):
         return
     plan_.changes.append(
         FileChange(
@@ -328,6 +393,82 @@ def _plan_file(plan_: Plan, dist: Distribution, ledger: Ledger, relpath: str, it
             needs_backup=state != "ours",
         )
     )
+
+
+def _qualified(findings: list[Finding], dist: Distribution, allowed: dict[str, str]) -> list[Finding]:
+    """Past the proven window every outcome of a transform is unproven, and an anchor that
+    moved may mean the bug was fixed or that the code changed around it: say so and what
+    to do. An anchor-missing the user accepted (patch id -> how) is allowed, not an error."""
+    for f in findings:
+        past = f.patch.is_past_window(dist.version)
+        if past:
+            f.unproven = unproven_note(f.patch, dist)
+        if f.outcome is not Outcome.ANCHOR_MISSING:
+            continue
+        if past:
+            f.detail = f"{f.unproven}: {f.detail}; the bug may or may not be fixed in this release"
+            last = f.patch.last_proven
+            pin = f"pin the last proven release (pip install '{dist.name}=={last}')" if last else f"pin a release it was proven on ({f.patch.window})"
+            refs = f" ({', '.join(f.patch.refs)})" if f.patch.refs else ""
+            f.hint = f"{pin}, or check upstream's change to {f.path}{refs}; to go on without this patch: --allow-missing {f.patch.id}"
+        else:
+            f.hint = f"reinstall {dist.name} {dist.version} (pip install --force-reinstall --no-deps {dist.name}=={dist.version}); to go on without this patch: --allow-missing {f.patch.id}"
+        if f.patch.id in allowed:
+            f.allowed = True
+            f.detail += f" (allowed: {allowed[f.patch.id]})"
+    return findings
+
+
+def _other_revisions(source: bytes, items) -> dict[str, set[int]]:
+    """Patch id -> the revisions other than its current one whose markers the file carries."""
+    text = source.decode("utf-8", "replace")
+    found = {p.id: marker_revisions(text, p.id) - {p.revision} for p, _ in items}
+    return {pid: revs for pid, revs in found.items() if revs}
+
+
+def _rebuild(before: bytes, dist: Distribution, ledger: Ledger, entry: FileEntry | None, state: str, relpath: str, items, older: dict[str, set[int]], need_bytes: bool):
+    """A file that carries another revision of a patch. That patch is outdated (never judged
+    by its transform, which would mistake the old revision's code for upstream's); the new
+    bytes are the current transforms run on the vendor's bytes (the backup), never on top
+    of the old code. (new bytes or None, findings in the order of `items`)"""
+    current = [item for item in items if item[0].id not in older]
+    _, judged = _transform(before, current, dist.version, relpath) if current else (None, [])
+    verdicts = dict(zip(map(id, current), judged))
+    findings = []
+    for item in items:
+        patch, rewrite = item
+        if patch.id not in older:
+            findings.append(verdicts[id(item)])
+            continue
+        revs = ", ".join(f"r{r}" for r in sorted(older[patch.id]))
+        detail = f"carries {revs} of this patch; this sm120kit has r{patch.revision}"
+        findings.append(Finding(patch, Outcome.OUTDATED, detail, dist.version, relpath, patch.fixed_in_for(rewrite)))
+    reinstall = f"pip install --force-reinstall --no-deps {dist.name}=={dist.version}, then sm120kit patch"
+    vendor = ledger.backup(entry.vendor_sha256) if entry and state == "ours" else None
+    if entry is None:
+        problem, hint = "no ledger entry for this file (the state was lost), so the vendor's bytes are gone", reinstall
+    elif state != "ours":
+        problem, hint = f"{relpath} changed since sm120kit wrote it", reinstall
+    elif unknown := sorted(set(entry.patches) - {p.id for p, _ in items}):
+        problem, hint = f"it also carries {', '.join(unknown)}, which this run does not load", "run without --only, or pass the --patch-dir that has it"
+    elif vendor is None:
+        problem, hint = f"the backup {entry.vendor_sha256[:12]} of the vendor's bytes is missing or damaged", reinstall
+    else:
+        problem = hint = ""
+    outdated = [f for f in findings if f.outcome is Outcome.OUTDATED]
+    if problem:
+        for f in outdated:
+            f.detail, f.stuck, f.hint = f"{f.detail}, and cannot be rebuilt: {problem}", True, hint
+        return None, findings
+    for f in outdated:
+        f.detail += ": `sm120kit patch` rebuilds it from the vendor's bytes"
+    if not need_bytes:
+        return None, findings
+    after, rebuilt = _transform(vendor, items, dist.version, relpath)
+    for i, f in enumerate(rebuilt):  # the current revision must apply to the vendor's bytes
+        if f.outcome.is_error or (findings[i].outcome is Outcome.OUTDATED and f.outcome is not Outcome.WOULD_APPLY):
+            findings[i] = f
+    return after, findings
 
 
 def _judge_foreign(findings: list[Finding], entry: FileEntry | None, relpath: str, force: bool) -> None:
@@ -419,14 +560,16 @@ def _locked(sites: set[Path]) -> contextlib.ExitStack:
     return stack
 
 
-def apply(target: Target, patches: list[Patch], force: bool = False, keep_jit_cache: bool = False) -> Plan:
+def apply(
+    target: Target, patches: list[Patch], force: bool = False, keep_jit_cache: bool = False, allow_missing: frozenset[str] = frozenset()
+) -> Plan:
     """Plan under the lock; if nothing is an error, write every change as one transaction,
-    prove it from disk, and record it in the ledger; then drop the JIT caches built from
-    the old sources. Returns the plan, with the written findings turned from would-apply
-    into applied."""
+    prove it from disk, and record it in the ledger (with any --allow-missing accepted);
+    then drop the JIT caches built from the old sources. Returns the plan, with the written
+    findings (would-apply, and outdated revisions rebuilt) turned into applied."""
     sites = {d.site for p in patches if (d := target.find(p.package))}
     with _locked(sites):
-        result = plan(target, patches, force)
+        result = plan(target, patches, force, allow_missing=allow_missing)
         if result.errors:
             return result
         _check_writable([c.abspath for c in result.changes])
@@ -438,13 +581,18 @@ def apply(target: Target, patches: list[Patch], force: bool = False, keep_jit_ca
             ledger.files.pop(key, None)
         for change in result.changes:
             _record(result, change)
-        if result.changes or result.drop:
+        for (site, patch_id), allowance in result.allowances.items():
+            result.ledgers[site].allow_missing(patch_id, allowance)
+        if result.changes or result.drop or result.allowances:
             for ledger in result.ledgers.values():
                 ledger.save()
         _after_source_change(result, {c.dist for c in result.changes}, keep_jit_cache)
+    written = {(c.dist.name, c.relpath) for c in result.changes}
     for f in result.findings:
         if f.outcome is Outcome.WOULD_APPLY:
             f.outcome = Outcome.APPLIED
+        elif f.outcome is Outcome.OUTDATED and (f.patch.package, f.path) in written:
+            f.outcome, f.detail = Outcome.APPLIED, f"{f.detail.split(':')[0]}: rebuilt from the vendor's bytes"
     return result
 
 
@@ -463,7 +611,7 @@ def _record(result: Plan, change: FileChange) -> None:
         for f in result.findings
         if f.path == change.relpath
         and f.patch.package == change.dist.name
-        and f.outcome in (Outcome.WOULD_APPLY, Outcome.ALREADY_APPLIED)
+        and f.outcome in (Outcome.WOULD_APPLY, Outcome.ALREADY_APPLIED, Outcome.OUTDATED)
     }
     ledger.record(
         change.dist.key(change.relpath),
@@ -482,11 +630,7 @@ def verify(target: Target, patches: list[Patch]) -> list[str]:
     """Re-read everything from disk: every patch must be in place, fixed upstream or not
     applicable, and every ledger entry must match the bytes on disk. Returns problems."""
     result = plan(target, patches, cache=False)
-    problems = [
-        f"{f.patch.id}: {f.outcome.value} {f.detail}".rstrip()
-        for f in result.findings
-        if f.outcome.is_error or f.outcome is Outcome.WOULD_APPLY
-    ]
+    problems = [f"{f.patch.id}: {f.outcome.value} {f.detail}".rstrip() for f in result.findings if f.is_error or f.outcome in (Outcome.WOULD_APPLY, Outcome.OUTDATED)]
     for ledger in result.ledgers.values():
         for key, entry in ledger.files.items():
             dist = target.find(entry.package)
@@ -562,6 +706,7 @@ def unpatch(
             else:
                 ledger.files[key] = entry
         for ledger in ledgers.values():
+            ledger.forget_allowances(wanted)
             ledger.save()
     restored = [r for r in rows if r.outcome == "would-restore"]
     for row in restored:
@@ -617,7 +762,7 @@ def _unrecorded(target: Target, patches: list[Patch], ledgers: dict[Path, Ledger
     """Applied code with no ledger entry (the state was lost): nothing to restore from."""
     rows = []
     for f in plan(target, patches, need_bytes=False).findings:
-        if f.outcome is not Outcome.ALREADY_APPLIED or f.path is None:
+        if f.outcome not in (Outcome.ALREADY_APPLIED, Outcome.OUTDATED) or f.path is None:
             continue
         dist = target.find(f.patch.package)
         if dist.key(f.path) in ledgers.get(dist.site, Ledger(dist.site)).files:

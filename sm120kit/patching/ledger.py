@@ -76,6 +76,9 @@ class FileEntry:
 class Ledger:
     site: Path
     files: dict[str, FileEntry] = field(default_factory=dict)
+    # "<package>:<patch id>" -> {"package", "version", "reason", "at"}: an anchor-missing the
+    # user accepted with --allow-missing, for that release only (an upgrade asks again).
+    allowed_missing: dict[str, dict] = field(default_factory=dict)
 
     @property
     def state_dir(self) -> Path:
@@ -103,6 +106,7 @@ class Ledger:
                 "upgrade sm120kit (pip install -U sm120kit)",
             )
         ledger.files = {k: FileEntry(**v) for k, v in raw.get("files", {}).items()}
+        ledger.allowed_missing = dict(raw.get("allowed_missing", {}))
         return ledger
 
     def save(self) -> None:
@@ -112,12 +116,31 @@ class Ledger:
             "tool": f"sm120kit {__version__}",
             "files": {k: asdict(v) for k, v in sorted(self.files.items())},
         }
+        if self.allowed_missing:
+            doc["allowed_missing"] = dict(sorted(self.allowed_missing.items()))
         write_atomic(self.path, (json.dumps(doc, indent=2) + "\n").encode())
         self._collect_backups()
 
     def record(self, key: str, entry: FileEntry) -> None:
         entry.patched_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         self.files[key] = entry
+
+    # -- anchor-missing accepted by the user ---------------------------------------------
+
+    def allowed_for(self, package: str, version: str) -> dict[str, str]:
+        """Patch id -> when, for each anchor-missing accepted on exactly this release."""
+        return {
+            key.split(":", 1)[1]: f"`sm120kit patch --allow-missing` on {a.get('at', '?')}"
+            for key, a in self.allowed_missing.items()
+            if a.get("package") == package and a.get("version") == version
+        }
+
+    def allow_missing(self, patch_id: str, allowance: dict) -> None:
+        at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        self.allowed_missing[f"{allowance['package']}:{patch_id}"] = {**allowance, "at": at}
+
+    def forget_allowances(self, patch_ids: set[str]) -> None:
+        self.allowed_missing = {k: a for k, a in self.allowed_missing.items() if k.split(":", 1)[1] not in patch_ids}
 
     # -- backups: original bytes, named by their sha256 ---------------------------------
 

@@ -66,14 +66,14 @@ def load_patches(patch_dirs: list[str] | None = None) -> list[Patch]:
     return sorted(found.values(), key=lambda p: (p.package, p.id))
 
 
-def select(patches: list[Patch], only: list[str] | None) -> list[Patch]:
+def select(patches: list[Patch], only: list[str] | None, flag: str = "") -> list[Patch]:
     if not only:
         return patches
     known = {p.id: p for p in patches}
     unknown = [i for i in only if i not in known]
     if unknown:
         raise UserError(
-            f"unknown patch id {', '.join(map(repr, unknown))}; known: {', '.join(known) or 'none'}",
+            f"{flag + ': ' if flag else ''}unknown patch id {', '.join(map(repr, unknown))}; known: {', '.join(known) or 'none'}",
             "run `sm120kit patches` to list them",
         )
     return [known[i] for i in only]

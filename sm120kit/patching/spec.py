@@ -9,7 +9,9 @@ the disk. The engine owns everything else (I/O, check mode, verification, state)
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Callable, Union
 
 from packaging.specifiers import SpecifierSet
@@ -27,6 +29,7 @@ class Outcome(str, enum.Enum):
     NOT_APPLICABLE = "not-applicable"
     ANCHOR_MISSING = "anchor-missing"
     FOREIGN_EDIT = "foreign-edit"
+    OUTDATED = "outdated"  # the code carries another revision of this patch: `patch` rebuilds it
     FAILED = "failed"  # the patch itself misbehaved (raised, unstable, bad syntax)
 
     @property
@@ -34,23 +37,33 @@ class Outcome(str, enum.Enum):
         return self in (Outcome.ANCHOR_MISSING, Outcome.FOREIGN_EDIT, Outcome.FAILED)
 
 
+# `# sm120kit: <id> r<revision>`, optionally followed by `: why`. The engine reads every
+# marker in a file; a transform only ever looks for its own current one.
+MARKER = re.compile(r"#\s*sm120kit:\s*(?P<id>[A-Za-z0-9][A-Za-z0-9_.-]*)\s+r(?P<revision>\d+)\b")
+
+
+def marker_revisions(text: str, patch_id: str) -> set[int]:
+    """The revisions of `patch_id` whose markers appear in `text`."""
+    return {int(m["revision"]) for m in MARKER.finditer(text) if m["id"] == patch_id}
+
+
 @dataclass(frozen=True)
 class Context:
     """What a transform may know besides the code: which patch it serves, and the marker
     comment it must leave on the statement it changes (so applied code is recognisable
-    without the ledger)."""
+    without the ledger). Other revisions' markers are the engine's business: a transform
+    never sees a file that carries one."""
 
     patch_id: str
     revision: int
 
     @property
-    def any_revision(self) -> str:
-        """What the marker of every revision of this patch starts with."""
-        return f"# sm120kit: {self.patch_id} r"
-
-    @property
     def marker(self) -> str:
-        return f"{self.any_revision}{self.revision}"
+        return f"# sm120kit: {self.patch_id} r{self.revision}"
+
+    def is_marker(self, comment: str) -> bool:
+        """Whether a comment is this revision's marker (r1 is not r10)."""
+        return comment == self.marker or comment.startswith(self.marker + ":")
 
 
 @dataclass(frozen=True)
@@ -87,7 +100,30 @@ class Rewrite:
     fixed_in: str | None = None  # when this part was fixed upstream, if not the patch's fixed_in
 
     def covers(self, version: str) -> bool:
-        return SpecifierSet(self.versions).contains(Version(version), prereleases=True)
+        return self._specifiers.contains(Version(version), prereleases=True)
+
+    @cached_property
+    def _specifiers(self) -> SpecifierSet:
+        return SpecifierSet(self.versions)
+
+    @cached_property
+    def upper(self) -> tuple[Version, bool] | None:
+        """The top of the range: (release, inclusive), or None for an open-ended range."""
+        bounds = [(Version(s.version), s.operator == "<=") for s in self._specifiers if s.operator in ("<", "<=")]
+        return min(bounds, key=lambda b: (b[0], not b[1])) if bounds else None
+
+    @cached_property
+    def lower(self) -> Version | None:
+        bounds = [Version(s.version) for s in self._specifiers if s.operator in (">=", ">", "==", "~=")]
+        return max(bounds) if bounds else None
+
+    def is_past(self, version: str) -> bool:
+        """Whether `version` is newer than every release of the range."""
+        if self.upper is None:
+            return False
+        bound, inclusive = self.upper
+        v = Version(version)
+        return v > bound if inclusive else v >= bound
 
 
 @dataclass(frozen=True)
@@ -115,3 +151,43 @@ class Patch:
 
     def is_fixed_in(self, version: str) -> bool:
         return self.fixed_in is not None and Version(version) >= Version(self.fixed_in)
+
+    def part_fixed_in(self, rewrite: Rewrite, version: str) -> bool:
+        fixed = self.fixed_in_for(rewrite)
+        return fixed is not None and Version(version) >= Version(fixed)
+
+    # -- the proven window: the releases the rewrites were proven on ----------------------
+
+    @cached_property
+    def current_rewrites(self) -> tuple[Rewrite, ...]:
+        """The rewrites that reach the top of the window (the others were superseded by a
+        moved file or ended with their code): past the window, these run by shape."""
+        tops = [r.upper for r in self.rewrites]
+        if not tops or any(t is None for t in tops):
+            return ()
+        top = max(tops, key=lambda b: (b[0], b[1]))
+        return tuple(r for r in self.rewrites if r.upper == top)
+
+    def is_past_window(self, version: str) -> bool:
+        """Newer than every release this patch was proven on."""
+        return bool(self.current_rewrites) and all(r.is_past(version) for r in self.rewrites)
+
+    @cached_property
+    def window(self) -> str:
+        """The proven releases: "0.5.9–0.5.23" for an inclusive top, else the specifiers."""
+        lows = [r.lower for r in self.rewrites]
+        low = str(min(lows)) if lows and None not in lows else None
+        if not self.current_rewrites:
+            return f">={low}" if low else "any release"
+        top, inclusive = self.current_rewrites[0].upper
+        if inclusive:
+            return f"{low}–{top}" if low else f"up to {top}"
+        return f">={low},<{top}" if low else f"<{top}"
+
+    @cached_property
+    def last_proven(self) -> str | None:
+        """The newest release the window names (only an inclusive bound names one)."""
+        if not self.current_rewrites:
+            return None
+        top, inclusive = self.current_rewrites[0].upper
+        return str(top) if inclusive else None

@@ -52,7 +52,7 @@ def run_checks(profile, launch: Launch, target, args) -> tuple[list[preflight.Ch
     checks = [preflight.Check("profile", True, f"renders for sglang {launch.sglang}" + (f" ({len(launch.warnings)} warning(s) above)" if launch.warnings else ""))]
     checks += preflight.run(
         profile, target, env, patch_dirs=args.patch_dir, patch_check=not args.no_patch_check,
-        gpu_check=not args.no_gpu_check, kill_stale=args.kill_stale,
+        gpu_check=not args.no_gpu_check, kill_stale=args.kill_stale, allow_missing=frozenset(args.allow_missing),
     )  # fmt: skip
     return checks, env
 

@@ -67,18 +67,24 @@ def check_ports(plan: list[tuple[str, str, int]]) -> Check:
     return Check("ports", True, "free: " + ", ".join(str(port) for _, _, port in plan))
 
 
-def check_patches(profile: Profile, target, patch_dirs: list[str] | None) -> Check:
+def check_patches(profile: Profile, target, patch_dirs: list[str] | None, allow_missing: frozenset[str] = frozenset()) -> Check:
     from sm120kit.patching import engine
     from sm120kit.patching.registry import load_patches, select
 
     if not profile.patches:
         return Check("patches", True, "the profile needs none")
-    plan = engine.plan(target, select(load_patches(patch_dirs), profile.patches), need_bytes=False)
+    patches = load_patches(patch_dirs)
+    select(patches, sorted(allow_missing), "--allow-missing")
+    plan = engine.plan(target, select(patches, profile.patches), need_bytes=False, allow_missing=allow_missing)
     code = plan.exit_code(check=True)
+    notes = [f"{f.patch.id}: {f.unproven}" for f in plan.unproven]
+    notes += [f"{f.patch.id}: anchor-missing on {f.patch.package} {f.version}, allowed (--allow-missing)" for f in plan.findings if f.allowed]
+    note = "".join(f"; {n}" for n in dict.fromkeys(notes))
     if code == 0:
-        return Check("patches", True, f"{len(profile.patches)} in place, fixed upstream or not needed")
-    drift = sorted({f"{f.patch.id}: {f.outcome.value}" + (f" ({f.detail})" if f.detail and code == 2 else "") for f in plan.findings if f.outcome.is_error or f.outcome.value == "would-apply"})
-    hint = "run `sm120kit patch --verify`" if code == 1 else "run `sm120kit status` for the details"
+        return Check("patches", True, f"{len(profile.patches)} in place, fixed upstream or not needed{note}")
+    drift = sorted({f"{f.patch.id}: {f.outcome.value}" + (f" ({f.detail})" if f.detail and code == 2 else "") for f in plan.errors + plan.pending})
+    hints = list(dict.fromkeys(f"{f.patch.id}: {f.hint}" for f in plan.errors if f.hint))
+    hint = "; ".join(hints) if hints else "run `sm120kit patch --verify`" if code == 1 else "run `sm120kit status` for the details"
     return Check("patches", False, "not in place: " + "; ".join(drift), hint + " (or start anyway with --no-patch-check)")
 
 
@@ -139,12 +145,12 @@ def check_api_key(profile: Profile, env: dict[str, str]) -> Check | None:
     return Check("api key", True, f"taken from ${name} (never printed)")
 
 
-def run(profile: Profile, target, env: dict[str, str], *, patch_dirs=None, patch_check=True, gpu_check=True, kill_stale=False) -> list[Check]:
+def run(profile: Profile, target, env: dict[str, str], *, patch_dirs=None, patch_check=True, gpu_check=True, kill_stale=False, allow_missing=frozenset()) -> list[Check]:
     checks = []
     if api := check_api_key(profile, env):
         checks.append(api)
     if patch_check:
-        checks.append(check_patches(profile, target, patch_dirs))
+        checks.append(check_patches(profile, target, patch_dirs, allow_missing))
     else:
         checks.append(Check("patches", None, "not checked (--no-patch-check)"))
     checks.append(check_stale(kill_stale))

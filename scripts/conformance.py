@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Conformance of the shipped patches and profiles on real sglang releases.
+
+For each release (the newest on the package index by default), with the flashinfer-python
+release it pins: fetch both wheels (cached), unpack their Python sources into a scratch
+site, then run what an operator runs after `pip install -U sglang`:
+
+    sm120kit status            the outcome of every patch, before anything is written
+    sm120kit patch --verify    apply, then prove it from disk
+    sm120kit patch             again: nothing changes (idempotence), --check exits 0
+    sm120kit unpatch           every file back to the bytes the wheel's RECORD names
+    sm120kit profile check     every shipped profile renders for that release
+
+and write a Markdown report: a release x patch table of outcomes, the lifecycle, and the
+profile renders. Exit 0 when every cell is settled and proven; 1 when any cell is an
+error or unproven (a release past a patch's proven window), or a step failed; 2 on bad
+input (a release that does not exist, no network).
+
+    python scripts/conformance.py                      # the newest sglang release
+    python scripts/conformance.py 0.5.22 0.5.23        # named releases
+    python scripts/conformance.py --window             # every release the tests prove
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import csv
+import datetime as dt
+import hashlib
+import io
+import json
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fetch_wheels  # noqa: E402
+from packaging.version import InvalidVersion, Version  # noqa: E402
+
+from sm120kit import __version__  # noqa: E402
+from sm120kit.cli import main as sm120kit  # noqa: E402
+from sm120kit.patching.registry import load_patches  # noqa: E402
+from sm120kit.profiles.loader import list_profiles  # noqa: E402
+
+SOURCES = ["*.py"]  # the code the patches and the flag schema are read from (plus the dist-info)
+SETTLED = {"applied", "already-applied", "fixed-upstream", "not-applicable", "would-apply"}
+
+
+@dataclass
+class Release:
+    sglang: str
+    flashinfer: str | None
+    cells: dict[str, list[dict]] = field(default_factory=dict)  # patch id -> its status rows
+    steps: dict[str, str] = field(default_factory=dict)  # lifecycle step -> "ok" or what failed
+    profiles: dict[str, str] = field(default_factory=dict)  # profile -> "ok ..." or "error: ..."
+
+    @property
+    def failures(self) -> list[str]:
+        bad = [f"{pid}: {_cell(rows)}" for pid, rows in self.cells.items() if not _cell_ok(rows)]
+        bad += [f"{step}: {text}" for step, text in self.steps.items() if text != "ok"]
+        return bad + [f"profile {name}: {text}" for name, text in self.profiles.items() if not text.startswith("ok")]
+
+
+def _cell_ok(rows: list[dict]) -> bool:
+    return all(r["outcome"] in SETTLED and not r["error"] and r["proven"] for r in rows)
+
+
+def _cell(rows: list[dict]) -> str:
+    """The distinct outcomes of a patch's rows, e.g. "would-apply, fixed-upstream ×2"."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        label = r["outcome"] + ("" if r["proven"] else " (unproven)")
+        counts[label] = counts.get(label, 0) + 1
+    text = ", ".join(label + (f" ×{n}" if n > 1 else "") for label, n in counts.items())
+    return text if _cell_ok(rows) else f"**{text}**"
+
+
+def run_cli(*argv) -> tuple[int, dict]:
+    """sm120kit in-process with --json: (exit code, document)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = sm120kit([*map(str, argv), "--json"])
+    text = out.getvalue()
+    return code, json.loads(text[text.index("{") :]) if "{" in text else {}
+
+
+def record_sha256(site: Path, package: str, relpath: str) -> str | None:
+    [dist_info] = site.glob(f"{package.replace('-', '_')}-*.dist-info")
+    for row in csv.reader((dist_info / "RECORD").read_text().splitlines()):
+        if row and row[0] == relpath and row[1].startswith("sha256="):
+            return base64.urlsafe_b64decode(row[1][7:] + "==").hex()
+    return None
+
+
+def check_release(release: Release, site: Path, profiles: list[str]) -> None:
+    code, doc = run_cli("status", "--site", site)
+    for r in doc.get("results", []):
+        release.cells.setdefault(r["patch"], []).append(r)
+    release.steps["status"] = "ok" if code in (0, 1) else f"exit {code}: {doc.get('error', '')}"
+
+    code, doc = run_cli("patch", "--verify", "--site", site)
+    problems = doc.get("verify_problems") or [doc.get("error")] if code else []
+    release.steps["patch --verify"] = "ok" if code == 0 and doc.get("verified") else f"exit {code}: {'; '.join(filter(None, problems))}"
+
+    patched = {r["path"]: (site / r["path"]).read_bytes() for r in doc.get("results", []) if r["outcome"] == "applied"}
+    code, doc = run_cli("patch", "--site", site)
+    again = {r["outcome"] for r in doc.get("results", [])}
+    same = all((site / path).read_bytes() == data for path, data in patched.items())
+    check, _ = run_cli("patch", "--check", "--site", site)
+    idempotent = code == 0 and check == 0 and same and "applied" not in again
+    release.steps["idempotent"] = "ok" if idempotent else f"second run: exit {code}, {sorted(again)}; --check exit {check}"
+
+    code, doc = run_cli("unpatch", "--site", site)
+    wrong = [
+        r["path"]
+        for r in doc.get("results", [])
+        if hashlib.sha256((site / r["path"]).read_bytes()).hexdigest() != record_sha256(site, r["package"], r["path"])
+    ]
+    left = list(site.glob(".sm120kit/backups/*"))
+    restored = code == 0 and not wrong and not left
+    release.steps["unpatch = RECORD"] = "ok" if restored else f"exit {code}; differ from RECORD: {wrong}; backups left: {len(left)}"
+
+    for name in profiles:
+        code, doc = run_cli("profile", "check", name, "--site", site)
+        if code == 0:
+            warnings = len(doc.get("warnings", []))
+            release.profiles[name] = f"ok ({len(doc.get('argv', [])) - 3} args" + (f", {warnings} warning(s))" if warnings else ")")
+        else:
+            release.profiles[name] = f"error: {doc.get('error', f'exit {code}')}"
+
+
+def install(release: Release, site: Path, members: list[str] | None) -> None:
+    if release.flashinfer:
+        fetch_wheels.install(site, "flashinfer-python", release.flashinfer, members)
+    fetch_wheels.install(site, "sglang", release.sglang, members)
+
+
+def report(releases: list[Release], patch_ids: list[str], profiles: list[str]) -> str:
+    today = dt.date.today().isoformat()
+    lines = [
+        f"# sm120kit conformance, {today}",
+        "",
+        f"sm120kit {__version__}; {len(patch_ids)} shipped patches; sglang {', '.join(r.sglang for r in releases)}, "
+        "each with the flashinfer-python release it pins. Cells: the outcome of `sm120kit status` before patching; "
+        "**bold** is an error or unproven.",
+        "",
+        "## Patch outcomes",
+        "",
+        "| sglang | flashinfer | " + " | ".join(f"`{p}`" for p in patch_ids) + " |",
+        "|---|---|" + "---|" * len(patch_ids),
+    ]
+    for r in releases:
+        cells = [_cell(r.cells[p]) if p in r.cells else "**missing**" for p in patch_ids]
+        lines.append(f"| {r.sglang} | {r.flashinfer or '-'} | " + " | ".join(cells) + " |")
+    steps = list(releases[0].steps) if releases else []
+    lines += ["", "## Lifecycle", "", "| sglang | " + " | ".join(f"`{s}`" for s in steps) + " |", "|---|" + "---|" * len(steps)]
+    lines += [f"| {r.sglang} | " + " | ".join(r.steps.get(s, "-") for s in steps) + " |" for r in releases]
+    lines += ["", "## Profiles (`sm120kit profile check`)", "", "| sglang | " + " | ".join(profiles) + " |", "|---|" + "---|" * len(profiles)]
+    lines += [f"| {r.sglang} | " + " | ".join(r.profiles.get(p, "-") for p in profiles) + " |" for r in releases]
+    failures = [(r.sglang, f) for r in releases for f in r.failures]
+    lines += ["", "## Verdict", ""]
+    lines += [f"- sglang {v}: {f}" for v, f in failures] or ["Every cell is settled and proven."]
+    return "\n".join(lines) + "\n"
+
+
+def resolve_releases(args) -> list[str]:
+    if args.window:
+        return list(fetch_wheels.SGLANG_WINDOW)
+    for text in args.releases:
+        try:
+            Version(text)
+        except InvalidVersion:
+            raise fetch_wheels.FetchError(f"{text!r} is not a release number (e.g. 0.5.23)") from None
+    return args.releases or [fetch_wheels.latest("sglang")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("releases", nargs="*", metavar="RELEASE", help="sglang releases (default: --latest)")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--latest", action="store_true", help="the newest sglang release on the package index (the default)")
+    group.add_argument("--window", action="store_true", help="every release in scripts/fetch_wheels.py's proven window")
+    parser.add_argument("--report", type=Path, default=Path("sm120kit-conformance.md"), help="where the Markdown report goes")
+    parser.add_argument("--patched-files-only", action="store_true", help="unpack only the files the patches and profiles read (faster)")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch sites (printed)")
+    args = parser.parse_args(argv)
+    if args.releases and (args.latest or args.window):
+        parser.error("name releases, or --latest, or --window")
+
+    patch_ids = [p.id for p in load_patches()]
+    profiles = [name for name, _, _ in list_profiles(None)]
+    members = _patched_members() if args.patched_files_only else SOURCES
+    scratch = Path(tempfile.mkdtemp(prefix="sm120kit-conformance-"))
+    releases: list[Release] = []
+    try:
+        for version in resolve_releases(args):
+            release = Release(version, fetch_wheels.flashinfer_pin(version))
+            site = scratch / version / "site-packages"
+            install(release, site, members)
+            check_release(release, site, profiles)
+            releases.append(release)
+            print(f"sglang {version} (flashinfer {release.flashinfer}): " + ("ok" if not release.failures else f"{len(release.failures)} problem(s)"))
+    except fetch_wheels.FetchError as exc:
+        print(f"conformance: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if args.keep:
+            print(f"scratch sites kept in {scratch}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+    args.report.write_text(report(releases, patch_ids, profiles))
+    failures = [f for r in releases for f in r.failures]
+    print(f"report: {args.report}" + (f" ({len(failures)} problem(s))" if failures else " (every cell settled and proven)"))
+    return 1 if failures else 0
+
+
+def _patched_members() -> list[str]:
+    """The files the patches name, and those the flag schema is read from."""
+    files = {r.path for p in load_patches() for r in p.rewrites}
+    return sorted(files) + ["sglang/srt/server_args.py", "sglang/srt/arg_groups/*.py", "sglang/srt/utils/common.py", "sglang/srt/model_executor/cuda_graph_config.py"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""A release past the proven window: the real sglang 0.5.23 and the flashinfer-python it
+pins (0.7.2), with only their versions raised to 0.5.24 and 0.7.3 -- what the next upstream
+release looks like for the bugs still open upstream. Every shipped patch gets its outcome:
+the open ones run by the shape of the code and are marked unproven, the fixed ones are
+fixed-upstream by version; a moved anchor is an error that says what to do."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import WINDOW, flashinfer_pin, install, raise_version, replace_installed, tree_snapshot, wheel_bytes
+from standin import free_port
+
+from sm120kit.patching.registry import load_patches
+
+UNPROVEN = "unproven on sglang 0.5.24 (proven 0.5.9–0.5.23)"
+DSA = "sglang-dsa-page-table-guard"
+SMEM = "sglang-triton-smem-sm120"
+FORWARD_MHA = "sglang/srt/models/deepseek_common/attention_forward_methods/forward_mha.py"
+PREFILL = "sglang/kernels/ops/attention/prefill_attention.py"
+
+# (patch, file) -> outcome before patching, and whether the row is unproven.
+EXPECTED = {
+    (DSA, FORWARD_MHA): ("would-apply", True),
+    (SMEM, PREFILL): ("would-apply", True),
+    (SMEM, "sglang/kernels/ops/attention/extend_attention.py"): ("fixed-upstream", False),
+    (SMEM, "sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py"): ("fixed-upstream", False),
+    ("sglang-moe-autotune-flashinfer-cutlass", "sglang/srt/model_executor/runner/flashinfer_autotune.py"): ("fixed-upstream", False),
+    ("flashinfer-sm120-arch-suffix", "flashinfer/compilation_context.py"): ("fixed-upstream", False),
+    ("flashinfer-sm120-gemm-gdc", "flashinfer/jit/gemm/core.py"): ("fixed-upstream", False),
+    ("flashinfer-sm120-fused-moe-gdc", "flashinfer/jit/fused_moe.py"): ("fixed-upstream", False),
+}
+
+
+def test_the_patches_end_their_window_where_the_tests_do():
+    """A window extended in scripts/fetch_wheels.py and not in a patch (or the reverse)
+    would call a tested release unproven, or an untested one proven."""
+    last = {"sglang": WINDOW[-1], "flashinfer-python": flashinfer_pin(WINDOW[-1])}
+    assert {p.id: p.last_proven for p in load_patches()} == {p.id: last[p.package] for p in load_patches()}
+
+
+@pytest.fixture
+def future(site):
+    install(site, "0.5.23")
+    raise_version(site, "sglang", "0.5.24")
+    raise_version(site, "flashinfer-python", "0.7.3")
+    return site
+
+
+def rows(doc: dict) -> dict[tuple[str, str], dict]:
+    return {(r["patch"], r["path"]): r for r in doc["results"]}
+
+
+# The function each open patch rewrites, and the file it lives in.
+ANCHORS = {DSA: (FORWARD_MHA, b"_get_mla_kv_buffer_from_fp8_for_dsa"), SMEM: (PREFILL, b"context_attention_fwd")}
+
+
+def move_anchor(site, patch_id: str = DSA) -> None:
+    """0.5.24 as if upstream renamed the function the patch rewrites (RECORD agrees)."""
+    path, name = ANCHORS[patch_id]
+    replace_installed(site, "sglang", path, wheel_bytes("0.5.23", path).replace(name, name + b"_v2"))
+
+
+def test_status_triages_a_release_past_the_window(future, cli):
+    code, doc = cli.json("status", "--site", future)
+    assert code == 1
+    found = rows(doc)
+    assert {k: (r["outcome"], not r["proven"]) for k, r in found.items()} == EXPECTED
+    assert found[(DSA, FORWARD_MHA)]["unproven"] == UNPROVEN
+    assert found[(DSA, FORWARD_MHA)]["proven_window"] == "0.5.9–0.5.23"
+    assert "fixed upstream in 0.6.7 (by version; proven 0.6.3–0.7.2)" in found[("flashinfer-sm120-arch-suffix", "flashinfer/compilation_context.py")]["detail"]
+    assert {(r["patch"], r["path"]) for r in doc["unproven"]} == {(DSA, FORWARD_MHA), (SMEM, PREFILL)}
+    code, out, _ = cli("status", "--site", future)
+    assert code == 1
+    assert f"{UNPROVEN}: {DSA}, {SMEM} (run by the shape of the code)" in out
+
+
+def test_patch_verify_past_the_window_applies_by_shape_and_says_unproven(future, cli):
+    code, out, err = cli("patch", "--verify", "--site", future)
+    assert code == 0, out + err
+    assert "6 fixed-upstream, 2 applied" in out
+    assert f"{UNPROVEN}: {DSA}, {SMEM} (run by the shape of the code)" in out
+    assert "verified: every patch is in place, fixed upstream or not applicable, and matches the ledger; unproven on this release" in out
+    for path in (FORWARD_MHA, PREFILL):
+        assert (future / path).read_bytes() != wheel_bytes("0.5.23", path)
+
+    code, doc = cli.json("status", "--site", future)
+    assert code == 0
+    assert {k: r["outcome"] for k, r in rows(doc).items() if not r["proven"]} == {(DSA, FORWARD_MHA): "already-applied", (SMEM, PREFILL): "already-applied"}
+
+    code, doc = cli.json("unpatch", "--site", future)
+    assert code == 0 and {r["outcome"] for r in doc["results"]} == {"restored"}
+    assert all((future / path).read_bytes() == wheel_bytes("0.5.23", path) for path in (FORWARD_MHA, PREFILL))
+
+
+@pytest.mark.parametrize("patch_id", sorted(ANCHORS))
+def test_a_moved_anchor_past_the_window_is_an_error_and_writes_nothing(future, cli, patch_id):
+    move_anchor(future, patch_id)
+    path = ANCHORS[patch_id][0]
+    before = tree_snapshot(future)
+    code, out, _ = cli("patch", "--verify", "--site", future)
+    assert code == 2
+    assert tree_snapshot(future) == before  # the other open patch, which would apply, is not written either
+    row = next(line for line in out.splitlines() if line.startswith(patch_id) and path in line)
+    assert "anchor-missing" in row and f"{UNPROVEN}: no " in row and "the bug may or may not be fixed in this release" in row
+    assert f"next: {patch_id}: pin the last proven release (pip install 'sglang==0.5.23'), or check upstream's change to {path}" in out
+    assert f"to go on without this patch: --allow-missing {patch_id}" in out
+    assert "verified" not in out and "nothing was written" in out
+
+    code, doc = cli.json("patch", "--check", "--site", future)
+    assert code == 2 and tree_snapshot(future) == before
+    row = rows(doc)[(patch_id, path)]
+    assert row["outcome"] == "anchor-missing" and row["error"] and not row["proven"] and "--allow-missing" in row["hint"]
+
+
+def test_allow_missing_goes_on_and_is_recorded_for_that_release(future, cli):
+    move_anchor(future)
+    code, out, _ = cli("patch", "--verify", "--site", future, "--allow-missing", DSA)
+    assert code == 0, out
+    assert "1 anchor-missing (allowed), 1 applied" in out and "verified" in out
+    assert (future / PREFILL).read_bytes() != wheel_bytes("0.5.23", PREFILL)
+
+    # Recorded: later runs without the flag accept it on this release, and say since when.
+    code, doc = cli.json("status", "--site", future)
+    dsa = rows(doc)[(DSA, FORWARD_MHA)]
+    assert code == 0 and dsa["allowed"] and not dsa["error"] and "allowed: `sm120kit patch --allow-missing` on 20" in dsa["detail"]
+
+    # Another release asks again.
+    raise_version(future, "sglang", "0.5.25")
+    code, doc = cli.json("status", "--site", future)
+    assert code == 2 and rows(doc)[(DSA, FORWARD_MHA)]["error"]
+
+
+@pytest.mark.parametrize("command", [["status"], ["patch", "--check"], ["patch", "--verify"]])
+def test_allow_missing_an_unknown_id_is_refused(future, cli, command):
+    before = tree_snapshot(future)
+    code, _, err = cli(*command, "--site", future, "--allow-missing", "no-such-patch")
+    assert code == 2 and "--allow-missing: unknown patch id 'no-such-patch'" in err and "sm120kit patches" in err
+    assert tree_snapshot(future) == before
+
+
+def env_python(root, site):
+    """The serving environment's python: this interpreter with `site` on its path."""
+    shim = root / "python"
+    shim.write_text(f"#!{sys.executable}\nimport os, sys\nos.environ['PYTHONPATH'] = {str(site)!r}\nos.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])\n")
+    shim.chmod(0o755)
+    return shim
+
+
+def serve_check(python, state, *extra) -> tuple[int, str]:
+    argv = [sys.executable, "-m", "sm120kit", "serve", "glm5-nvfp4", "--python", str(python), "--check", "--no-gpu-check", "--set", f"server.port={free_port()}", *extra]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**os.environ, "SM120KIT_STATE_DIR": str(state)})
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_serve_preflight_refuses_a_moved_anchor_with_the_same_words(future, tmp_path, cli):
+    move_anchor(future)
+    python = env_python(tmp_path, future)
+    code, out = serve_check(python, tmp_path / "state")
+    assert code == 1
+    assert f"FAIL patches: not in place: {DSA}: anchor-missing ({UNPROVEN}: no method" in out
+    assert "the bug may or may not be fixed in this release" in out
+    assert "pin the last proven release (pip install 'sglang==0.5.23')" in out and f"--allow-missing {DSA}" in out
+    assert "profile glm5-nvfp4 is proven on sglang >=0.5.9,<0.5.24; installed 0.5.24 is not in that range" in out  # kept
+
+    code, out = serve_check(python, tmp_path / "state", "--allow-missing", "no-such-patch")
+    assert code == 2 and "--allow-missing: unknown patch id 'no-such-patch'" in out
+
+    # Allowed on the command line: the other patches still have to be in place.
+    code, out = serve_check(python, tmp_path / "state", "--allow-missing", DSA)
+    assert code == 1 and f"FAIL patches: not in place: {SMEM}: would-apply" in out
+    assert cli("patch", "--site", future, "--allow-missing", DSA)[0] == 0
+    code, out = serve_check(python, tmp_path / "state")  # the allowance is in the ledger
+    assert "ok   patches: 6 in place, fixed upstream or not needed" in out
+    assert f"{SMEM}: {UNPROVEN}" in out and f"{DSA}: anchor-missing on sglang 0.5.24, allowed" in out
+
+
+def test_an_upgrade_past_the_window_is_never_a_false_green(site, cli):
+    """`pip install -U sglang` from the last proven release to the next one wipes the patches:
+    `--verify` re-applies the open ones and says how far they are proven."""
+    install(site, "0.5.23")
+    assert cli("patch", "--site", site)[0] == 0
+    install(site, "0.5.23")  # pip replaces every file of the package...
+    raise_version(site, "sglang", "0.5.24")  # ...with those of 0.5.24
+    code, out, _ = cli("patch", "--verify", "--site", site)
+    assert code == 0, out
+    assert f"sglang 0.5.23 -> 0.5.24: patch {DSA} was lost in the upgrade; re-applied ({UNPROVEN})" in out
+    assert f"sglang 0.5.23 -> 0.5.24: patch {SMEM} was lost in the upgrade; re-applied ({UNPROVEN})" in out
+    assert all((site / path).read_bytes() != wheel_bytes("0.5.23", path) for path in (FORWARD_MHA, PREFILL))
