@@ -45,7 +45,7 @@ from packaging.version import InvalidVersion, Version  # noqa: E402
 from sm120kit import __version__  # noqa: E402
 from sm120kit.cli import main as sm120kit  # noqa: E402
 from sm120kit.patching.registry import load_patches  # noqa: E402
-from sm120kit.profiles.loader import list_profiles  # noqa: E402
+from sm120kit.profiles.loader import list_profiles, load_profile  # noqa: E402
 
 SOURCES = ["*.py"]  # the code the patches and the flag schema are read from (plus the dist-info)
 SETTLED = {"applied", "already-applied", "fixed-upstream", "not-applicable", "would-apply"}
@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("name releases, or --latest, or --window")
 
     patch_ids = [p.id for p in load_patches()]
-    profiles = [name for name, _, _ in list_profiles(None)]
+    # A base profile (no model: a node to extend) is not served on its own.
+    profiles = [name for name, _, _ in list_profiles(None) if load_profile(name).model.path]
     members = _patched_members() if args.patched_files_only else SOURCES
     scratch = Path(tempfile.mkdtemp(prefix="sm120kit-conformance-"))
     releases: list[Release] = []

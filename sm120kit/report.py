@@ -110,6 +110,10 @@ def print_cache_notes(result) -> None:
 
 def print_plan(plan: Plan, debug: bool) -> None:
     print(f"target: {plan.target.description}")
+    for problem in plan.damaged:
+        print(f"error: {problem}", file=sys.stderr)
+    for journal in plan.interrupted:
+        print(f"error: an interrupted sm120kit run left {journal}: run `sm120kit patch` or `sm120kit unpatch` to finish it", file=sys.stderr)
     for message in lost_messages(plan):
         print(message)
     print_cache_notes(plan)
@@ -168,6 +172,8 @@ def plan_json(command: str, plan: Plan, code: int, extra: dict | None = None) ->
         "lost": [vars(x) for x in plan.lost],
         "messages": lost_messages(plan),
         "unproven": [f.as_json() for f in plan.unproven],
+        "damaged": plan.damaged,
+        "interrupted": [str(p) for p in plan.interrupted],
         "warnings": plan.warnings,
         "jit_cache_removed": [str(p) for p in plan.jit_cache_removed],
         **(extra or {}),

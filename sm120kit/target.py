@@ -8,6 +8,7 @@ so an environment with sglang, torch and CUDA is inspected without loading any o
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import json
 import re
@@ -36,7 +37,11 @@ def _record_hex(digest: str) -> str | None:
     algo, _, value = digest.partition("=")
     if algo != "sha256" or not value:
         return None
-    return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).hex()
+    try:
+        raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+    except ValueError:  # a damaged row: no hash to trust
+        return None
+    return raw.hex() if len(raw) == 32 else None
 
 
 @dataclass(frozen=True)
@@ -60,8 +65,8 @@ class Distribution:
 
     @cached_property
     def _record_text(self) -> str:
-        try:
-            return "\n" + (self.dist_info / "RECORD").read_text()
+        try:  # RECORD is UTF-8; a damaged byte elsewhere must not hide the rows we need
+            return "\n" + (self.dist_info / "RECORD").read_bytes().decode("utf-8", "replace")
         except OSError:
             return ""
 
@@ -108,6 +113,16 @@ def _read_distribution(dist_info: Path) -> Distribution | None:
         return None
     if "Name" not in fields or "Version" not in fields:
         return None
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(fields["Version"])
+    except InvalidVersion:
+        name = canonicalize_name(fields["Name"])
+        raise UserError(
+            f"{dist_info / 'METADATA'}: {name}'s version {fields['Version']!r} is not a PEP 440 version: the installation is damaged",
+            f"reinstall it: pip install --force-reinstall --no-deps {name}",
+        ) from None
     return Distribution(canonicalize_name(fields["Name"]), fields["Version"], dist_info.parent, dist_info)
 
 
@@ -151,6 +166,42 @@ def _unique_dirs(paths: list[str]) -> list[Path]:
     return dirs
 
 
+PYTHON_TIMEOUT_S = 60.0
+
+
+def _ask_site_dirs(python: str) -> list[str]:
+    """Ask `python` where its packages live. It runs in a session of its own, so that a
+    wrapper that hangs is stopped with everything it started."""
+    import os
+    import signal
+    import subprocess
+
+    hint = "pass the python executable of the environment, e.g. --python /opt/venv/bin/python"
+    try:
+        proc = subprocess.Popen([python, "-c", _SITE_QUERY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    except OSError as exc:
+        raise UserError(f"--python {python}: cannot run it ({exc.strerror or exc})", hint) from None
+    try:
+        out, err = proc.communicate(timeout=PYTHON_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise UserError(f"--python {python}: no answer within {PYTHON_TIMEOUT_S:g} s; it was stopped, with what it started", hint) from None
+    finally:
+        with contextlib.suppress(OSError):  # what it left running in its session goes too
+            os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        if proc.returncode:
+            raise ValueError(f"exit {proc.returncode}: {err.strip().splitlines()[-1] if err.strip() else 'no message'}")
+        paths = json.loads(out)
+        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+            raise ValueError("not a list of directories")
+    except ValueError as exc:
+        raise UserError(f"--python {python}: could not ask that interpreter for its site directories ({exc})", hint) from None
+    return paths
+
+
 def resolve_target(python: str | None = None, site: str | None = None) -> Target:
     """--site DIR, --python EXE, or (default) this interpreter."""
     if python and site:
@@ -161,19 +212,7 @@ def resolve_target(python: str | None = None, site: str | None = None) -> Target
             raise UserError(f"--site {site}: no such directory", "point --site at a site-packages directory")
         return Target(f"site {path.resolve()}", [path.resolve()])
     if python:
-        import subprocess
-
-        try:
-            out = subprocess.run(
-                [python, "-c", _SITE_QUERY], capture_output=True, text=True, timeout=60, check=True
-            ).stdout
-            paths = json.loads(out)
-        except (OSError, subprocess.SubprocessError, ValueError) as exc:
-            raise UserError(
-                f"--python {python}: could not ask that interpreter for its site directories ({exc})",
-                "pass the python executable of the environment, e.g. --python /opt/venv/bin/python",
-            ) from None
-        return Target(f"python {python}", _unique_dirs(paths))
+        return Target(f"python {python}", _unique_dirs(_ask_site_dirs(python)))
     paths = sysconfig.get_paths()
     return Target(
         f"python {sys.executable}", _unique_dirs([paths["purelib"], paths["platlib"], *sys.path])

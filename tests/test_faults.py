@@ -10,7 +10,7 @@ import pytest
 from conftest import FIXTURE_PATCHES, install, tree_snapshot
 from filelock import FileLock
 
-import sm120kit.patching.engine as engine
+from sm120kit.patching import transaction
 
 GATE = "sglang/srt/model_executor/model_runner.py"
 
@@ -89,26 +89,30 @@ def test_anchor_missing(cli, site10):
 
 
 def test_failure_between_two_writes_rolls_back(cli, site10, monkeypatch):
-    real = engine.write_atomic
-    calls = []
+    real = transaction.write_atomic
+    targets = []
 
-    def fail_second(path, data):
-        calls.append(path)
-        if len(calls) == 2:
-            raise OSError(28, "No space left on device")
+    def fail_second_target(path, data):
+        if ".sm120kit" not in path.parts:
+            targets.append(path)
+            if len(targets) == 2:
+                raise OSError(28, "No space left on device", str(path))
         real(path, data)
 
-    monkeypatch.setattr(engine, "write_atomic", fail_second)
+    monkeypatch.setattr(transaction, "write_atomic", fail_second_target)
     before = {p: b for p, b in tree_snapshot(site10).items() if not p.startswith(".sm120kit")}
     only = ("--only", "sglang-moe-autotune-flashinfer-cutlass", "--only", "test-version-marker")
     code, out, err = cli("patch", "--site", site10, "--patch-dir", FIXTURE_PATCHES, *only)
     assert code == 2, out + err
-    assert "rolled back 1 written file(s): nothing was changed" in err
+    first, second, rolled_back = targets
+    assert rolled_back == first
+    assert f"writing {second} failed ([Errno 28] No space left on device): the disk holding it, " in err
+    assert f"{first}: rolled back" in err and f"{second}: unchanged" in err and "nothing was changed" in err
     after = {p: b for p, b in tree_snapshot(site10).items() if not p.startswith(".sm120kit")}
     assert after == before
-    assert not (site10 / ".sm120kit" / "ledger.json").exists()
+    assert not (site10 / ".sm120kit" / "ledger.json").exists() and not (site10 / ".sm120kit" / "journal.json").exists()
     # Both files were meant to change: the transaction did cover two.
-    monkeypatch.setattr(engine, "write_atomic", real)
+    monkeypatch.setattr(transaction, "write_atomic", real)
     code, doc = cli.json("patch", "--site", site10, "--patch-dir", FIXTURE_PATCHES, *only)
     assert code == 0 and [r["outcome"] for r in doc["results"]] == ["applied"] * 3
 

@@ -33,7 +33,7 @@ def test_python_target(cli, tmp_path):
 
 def test_python_target_that_does_not_run(cli, tmp_path):
     code, _, err = cli("status", "--python", tmp_path / "no-python")
-    assert code == 2 and "could not ask that interpreter" in err
+    assert code == 2 and "cannot run it (No such file or directory)" in err
 
 
 def editable_install(site: Path, checkout: Path, version: str) -> None:

@@ -15,13 +15,14 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sm120kit.errors import UserError
 from sm120kit.patching import cache as outcome_cache
-from sm120kit.patching import jit_cache
-from sm120kit.patching.ledger import FileEntry, Ledger, sha256, write_atomic
+from sm120kit.patching import jit_cache, transaction
+from sm120kit.patching.ledger import DamagedLedger, FileEntry, Ledger, ReadOnly, sha256
 from sm120kit.patching.spec import (
     AlreadyApplied,
     AnchorMissing,
@@ -119,6 +120,8 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     jit_cache_removed: list[Path] = field(default_factory=list)
     allowances: dict[tuple[Path, str], dict] = field(default_factory=dict)  # (site, patch id): --allow-missing to record
+    interrupted: list[Path] = field(default_factory=list)  # journals of a killed run, not recovered yet
+    damaged: list[str] = field(default_factory=list)  # ledgers that failed validation (read without them)
 
     @property
     def errors(self) -> list[Finding]:
@@ -134,7 +137,7 @@ class Plan:
         return [f for f in self.findings if f.unproven and f.outcome not in (Outcome.FIXED_UPSTREAM, Outcome.NOT_APPLICABLE)]
 
     def exit_code(self, check: bool) -> int:
-        if self.errors:
+        if self.errors or self.interrupted or self.damaged:
             return 2
         if check and self.pending:
             return 1
@@ -220,11 +223,14 @@ def plan(
     cache: bool = True,
     need_bytes: bool = True,
     allow_missing: frozenset[str] = frozenset(),
+    tolerate_damage: bool = True,
 ) -> Plan:
     """What each patch is on the target, and (with need_bytes) the new bytes of each file
     to change. `cache` lets verdicts cached for these exact bytes stand in for running the
     transforms; `verify` turns it off to prove everything from disk. `allow_missing`: patch
-    ids whose anchor-missing the user accepts (recorded in the ledger by `apply`)."""
+    ids whose anchor-missing the user accepts (recorded in the ledger by `apply`). A damaged
+    ledger is reported and the markers alone judge the code (`tolerate_damage`), except
+    for a run that would write on top of it."""
     result = Plan(target)
     by_package: dict[str, list[Patch]] = defaultdict(list)
     for patch in patches:
@@ -238,7 +244,8 @@ def plan(
             continue
         installed += 1
         if dist.site not in result.ledgers:  # sglang and flashinfer usually share one
-            result.ledgers[dist.site] = Ledger.load(dist.site)
+            result.ledgers[dist.site] = _load_ledger(result, dist.site, tolerate_damage)
+            result.interrupted += transaction.pending([dist.site])
         ledger = result.ledgers[dist.site]
         per_file: dict[str, list[tuple[Patch, Rewrite]]] = defaultdict(list)
         for patch in group:
@@ -274,6 +281,16 @@ def plan(
             "point sm120kit at the serving environment with --python /path/to/venv/bin/python or --site DIR",
         )
     return result
+
+
+def _load_ledger(result: Plan, site: Path, tolerate_damage: bool) -> Ledger:
+    try:
+        return Ledger.load(site)
+    except DamagedLedger as exc:
+        if not tolerate_damage:
+            raise
+        result.damaged.append(str(exc))
+        return Ledger(site)
 
 
 def _stale_jit_caches(dist: Distribution, ledger: Ledger) -> list[str]:
@@ -530,34 +547,34 @@ def _clear_pycache(path: Path) -> None:
             pyc.unlink()
 
 
-def _write_all(writes: list[tuple[Path, bytes, bytes]]) -> None:
-    """(path, old bytes, new bytes) for each file: all are written, or none stays written."""
-    done: list[tuple[Path, bytes]] = []
+def _write(ledgers: dict[Path, Ledger], writes: list[transaction.FileWrite], op: str) -> None:
+    """Every file and ledger as one crash-safe transaction; then the stale bytecode goes."""
+    _check_writable([w.path for w in writes])
+    transaction.commit(ledgers, writes, op)
+    for w in writes:
+        _clear_pycache(w.path)
+
+
+@contextlib.contextmanager
+def _locked(target: Target, sites: set[Path]) -> Iterator[list[str]]:
+    """The lock of every site, and first of all: finish what a killed run left there.
+    Yields what the recovery did."""
+    with contextlib.ExitStack() as stack:
+        recovered: list[str] = []
+        for site in sorted(sites):
+            stack.enter_context(Ledger(site).locked())
+            recovered += transaction.recover(site, lambda package, relpath: _resolve(target, package, relpath))
+        yield recovered
+
+
+def _resolve(target: Target, package: str, relpath: str) -> Path | None:
+    from sm120kit.patching.ledger_schema import inside_target
+
+    dist = target.find(package)
     try:
-        for path, old, new in writes:
-            write_atomic(path, new)
-            done.append((path, old))
-            if path.read_bytes() != new:
-                raise OSError(f"{path} does not read back as written")
-    except BaseException as exc:
-        for path, old in reversed(done):
-            write_atomic(path, old)
-        if isinstance(exc, OSError):
-            raise UserError(
-                f"writing {len(writes)} file(s) failed at {path} ({exc}); "
-                f"rolled back {len(done)} written file(s): nothing was changed",
-                "fix the cause and run the command again",
-            ) from None
-        raise
-    for path, _, _ in writes:
-        _clear_pycache(path)
-
-
-def _locked(sites: set[Path]) -> contextlib.ExitStack:
-    stack = contextlib.ExitStack()
-    for site in sorted(sites):
-        stack.enter_context(Ledger(site).locked())
-    return stack
+        return dist.file(inside_target(relpath)) if dist else None
+    except ValueError:
+        return None
 
 
 def apply(
@@ -566,34 +583,39 @@ def apply(
     """Plan under the lock; if nothing is an error, write every change as one transaction,
     prove it from disk, and record it in the ledger (with any --allow-missing accepted);
     then drop the JIT caches built from the old sources. Returns the plan, with the written
-    findings (would-apply, and outdated revisions rebuilt) turned into applied."""
+    findings (would-apply, and outdated revisions rebuilt) turned into applied. A read-only
+    environment is fine as long as there is nothing to write."""
     sites = {d.site for p in patches if (d := target.find(p.package))}
-    with _locked(sites):
-        result = plan(target, patches, force, allow_missing=allow_missing)
-        if result.errors:
-            return result
-        _check_writable([c.abspath for c in result.changes])
-        for change in result.changes:
-            if change.needs_backup:
-                result.ledgers[change.dist.site].store_backup(change.before)
-        _write_all([(c.abspath, c.before, c.after) for c in result.changes])
-        for ledger, key in result.drop:
-            ledger.files.pop(key, None)
-        for change in result.changes:
-            _record(result, change)
-        for (site, patch_id), allowance in result.allowances.items():
-            result.ledgers[site].allow_missing(patch_id, allowance)
-        if result.changes or result.drop or result.allowances:
-            for ledger in result.ledgers.values():
-                ledger.save()
-        _after_source_change(result, {c.dist for c in result.changes}, keep_jit_cache)
+    try:
+        with _locked(target, sites) as recovered:
+            result = plan(target, patches, force, allow_missing=allow_missing, tolerate_damage=False)
+            result.warnings[:0] = recovered
+            if not result.errors:
+                _write_plan(result, keep_jit_cache)
+    except ReadOnly:
+        result = plan(target, patches, force, allow_missing=allow_missing, tolerate_damage=False)
+        if not (result.errors or result.interrupted) and (result.changes or result.drop or result.allowances):
+            raise
+    return result
+
+
+def _write_plan(result: Plan, keep_jit_cache: bool) -> None:
+    for ledger, key in result.drop:
+        ledger.files.pop(key, None)
+    for change in result.changes:
+        _record(result, change)
+    for (site, patch_id), allowance in result.allowances.items():
+        result.ledgers[site].allow_missing(patch_id, allowance)
+    if result.changes or result.drop or result.allowances:
+        writes = [transaction.FileWrite(c.dist.site, c.dist.name, c.relpath, c.abspath, c.before, c.after) for c in result.changes]
+        _write(result.ledgers, writes, "patch")
+    _after_source_change(result, {c.dist for c in result.changes}, keep_jit_cache)
     written = {(c.dist.name, c.relpath) for c in result.changes}
     for f in result.findings:
         if f.outcome is Outcome.WOULD_APPLY:
             f.outcome = Outcome.APPLIED
         elif f.outcome is Outcome.OUTDATED and (f.patch.package, f.path) in written:
             f.outcome, f.detail = Outcome.APPLIED, f"{f.detail.split(':')[0]}: rebuilt from the vendor's bytes"
-    return result
 
 
 def _after_source_change(result: Plan | Unpatched, dists, keep_jit_cache: bool) -> None:
@@ -631,12 +653,15 @@ def verify(target: Target, patches: list[Patch]) -> list[str]:
     applicable, and every ledger entry must match the bytes on disk. Returns problems."""
     result = plan(target, patches, cache=False)
     problems = [f"{f.patch.id}: {f.outcome.value} {f.detail}".rstrip() for f in result.findings if f.is_error or f.outcome in (Outcome.WOULD_APPLY, Outcome.OUTDATED)]
+    problems += [f"{path}: an interrupted run is not finished: run `sm120kit patch` or `sm120kit unpatch`" for path in result.interrupted]
     for ledger in result.ledgers.values():
         for key, entry in ledger.files.items():
             dist = target.find(entry.package)
             path = dist.file(entry.path) if dist else None
             if path is None or not path.exists() or sha256(path.read_bytes()) != entry.patched_sha256:
                 problems.append(f"{key}: the bytes on disk are not the ones sm120kit recorded")
+            elif ledger.backup(entry.vendor_sha256) is None:
+                problems.append(f"{key}: the backup of its vendor bytes is missing or damaged, so `unpatch` could not restore it")
     return problems
 
 
@@ -680,39 +705,48 @@ def unpatch(
     Proven against RECORD (or, for an editable install, the bytes seen before patching).
     JIT caches built from the patched sources go too."""
     wanted = only if only is not None else {p.id for p in patches}
-    by_id = {p.id: p for p in patches}
     sites = {d.site for p in patches if p.id in wanted and (d := target.find(p.package))}
-    rows: list[Restore] = []
-    with contextlib.ExitStack() as stack:
-        if not dry_run:
-            stack.enter_context(_locked(sites))
-        ledgers = {s: Ledger.load(s) for s in sorted(sites)}
-        writes: list[tuple[Path, bytes, bytes]] = []
-        updates: list[tuple[Ledger, str, FileEntry | None]] = []
-        for ledger in ledgers.values():
-            for key, entry in ledger.files.items():
-                ids = sorted(set(entry.patches) & wanted)
-                if ids:
-                    _plan_restore(target, ledger, key, entry, ids, by_id, force, rows, writes, updates)
-        rows += _unrecorded(target, [p for p in patches if p.id in wanted], ledgers)
-        result = Unpatched(rows)
-        if dry_run or any(r.is_error for r in rows):
-            return result
-        _check_writable([w[0] for w in writes])
-        _write_all(writes)
-        for ledger, key, entry in updates:
-            if entry is None:
-                ledger.files.pop(key, None)
-            else:
-                ledger.files[key] = entry
-        for ledger in ledgers.values():
-            ledger.forget_allowances(wanted)
-            ledger.save()
-    restored = [r for r in rows if r.outcome == "would-restore"]
+    try:
+        with _locked(target, sites) if not dry_run else contextlib.nullcontext([]) as recovered:
+            result, ledgers, writes = _plan_unpatch(target, patches, wanted, sites, force)
+            result.warnings[:0] = recovered
+            if dry_run or any(r.is_error for r in result.rows):
+                return result
+            if writes or any(ledger.changed for ledger in ledgers.values()):
+                _write(ledgers, writes, "unpatch")
+    except ReadOnly:
+        result, ledgers, writes = _plan_unpatch(target, patches, wanted, sites, force)
+        if writes or any(ledger.changed for ledger in ledgers.values()):
+            raise
+        return result
+    restored = [r for r in result.rows if r.outcome == "would-restore"]
     for row in restored:
         row.outcome = "restored"
     _after_source_change(result, {target.find(r.package) for r in restored}, keep_jit_cache)
     return result
+
+
+def _plan_unpatch(target: Target, patches: list[Patch], wanted: set[str], sites: set[Path], force: bool):
+    """(the rows, the ledgers as they will be, the file writes) of an unpatch."""
+    by_id = {p.id: p for p in patches}
+    ledgers = {s: Ledger.load(s) for s in sorted(sites)}
+    rows: list[Restore] = []
+    writes: list[transaction.FileWrite] = []
+    updates: list[tuple[Ledger, str, FileEntry | None]] = []
+    for ledger in ledgers.values():
+        for key, entry in ledger.files.items():
+            ids = sorted(set(entry.patches) & wanted)
+            if ids:
+                _plan_restore(target, ledger, key, entry, ids, by_id, force, rows, writes, updates)
+    rows += _unrecorded(target, [p for p in patches if p.id in wanted], ledgers)
+    for ledger, key, entry in updates:
+        if entry is None:
+            ledger.files.pop(key, None)
+        else:
+            ledger.files[key] = entry
+    for ledger in ledgers.values():
+        ledger.forget_allowances(wanted)
+    return Unpatched(rows), ledgers, writes
 
 
 def _plan_restore(target, ledger, key, entry, ids, by_id, force, rows, writes, updates) -> None:
@@ -745,7 +779,7 @@ def _plan_restore(target, ledger, key, entry, ids, by_id, force, rows, writes, u
     new = original
     if keep:
         new, _ = _transform(original, keep, entry.version, entry.path)
-    writes.append((path, current, new))
+    writes.append(transaction.FileWrite(ledger.site, entry.package, entry.path, path, current, new))
     if new == original:
         updates.append((ledger, key, None))
         proof = recorded or entry.vendor_sha256

@@ -2,7 +2,12 @@
 
   ledger.json   per patched file: vendor hash, our hash, patch ids + revisions, backup name
   backups/      the original bytes, content-addressed by sha256
+  journal.json  only while a run writes (or after one was killed): see transaction.py
   lock          held by a run that writes, so two runs never interleave
+
+Everything read from here is validated (a strict schema, paths that stay inside the
+target, no symbolic link followed out of the directory): a damaged or hostile ledger is
+reported as such and never steers a write.
 
 It lives beside the dist-info it describes, so a `docker build` step that patches leaves
 state that a later `sm120kit status` in the running container reads; pip leaves it alone.
@@ -15,6 +20,7 @@ import datetime as _dt
 import hashlib
 import json
 import os
+import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +31,8 @@ from sm120kit.errors import UserError
 
 STATE_DIR = ".sm120kit"
 SCHEMA = 1
+TMP_SUFFIX = ".sm120kit-tmp"
+STATE_FILES = ("backups", "ledger.json", "journal.json", "lock")
 
 
 def sha256(data: bytes) -> str:
@@ -34,7 +42,7 @@ def sha256(data: bytes) -> str:
 def write_atomic(path: Path, data: bytes) -> None:
     """Temp file in the same directory, fsync, keep mode bits and owner, os.replace."""
     st = path.stat() if path.exists() else None
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".sm120kit-tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -79,6 +87,7 @@ class Ledger:
     # "<package>:<patch id>" -> {"package", "version", "reason", "at"}: an anchor-missing the
     # user accepted with --allow-missing, for that release only (an upgrade asks again).
     allowed_missing: dict[str, dict] = field(default_factory=dict)
+    loaded: bytes | None = field(default=None, repr=False, compare=False)  # the document as read
 
     @property
     def state_dir(self) -> Path:
@@ -91,26 +100,53 @@ class Ledger:
     @classmethod
     def load(cls, site: Path) -> Ledger:
         ledger = cls(site)
+        ledger.check_state_dir()
         try:
             raw = json.loads(ledger.path.read_text())
         except FileNotFoundError:
             return ledger
         except (OSError, ValueError) as exc:
-            raise UserError(
-                f"{ledger.path}: the sm120kit ledger is unreadable ({exc})",
-                f"move it aside (mv {ledger.path} {ledger.path}.bad) and run `sm120kit status`",
-            ) from None
-        if raw.get("schema") != SCHEMA:
-            raise UserError(
-                f"{ledger.path}: ledger schema {raw.get('schema')!r}, this sm120kit reads {SCHEMA}",
-                "upgrade sm120kit (pip install -U sm120kit)",
-            )
-        ledger.files = {k: FileEntry(**v) for k, v in raw.get("files", {}).items()}
-        ledger.allowed_missing = dict(raw.get("allowed_missing", {}))
+            raise ledger._damaged(f"unreadable ({exc})") from None
+        if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
+            found = raw.get("schema") if isinstance(raw, dict) else type(raw).__name__
+            if isinstance(found, int) and found > SCHEMA:
+                raise UserError(f"{ledger.path}: ledger schema {found}, this sm120kit reads {SCHEMA}", "upgrade sm120kit (pip install -U sm120kit)")
+            raise ledger._damaged(f"schema {found!r}, expected {SCHEMA}")
+        from sm120kit.patching.ledger_schema import LedgerDocument, problems
+
+        try:
+            doc = LedgerDocument.model_validate(raw)
+        except ValueError as exc:
+            raise ledger._damaged(problems(exc)) from None
+        ledger.files = {k: FileEntry(**v.model_dump()) for k, v in doc.files.items()}
+        ledger.allowed_missing = {k: v.model_dump() for k, v in doc.allowed_missing.items()}
+        ledger.loaded = ledger.document()
         return ledger
 
-    def save(self) -> None:
-        self.state_dir.mkdir(exist_ok=True)
+    @property
+    def changed(self) -> bool:
+        """Whether there is anything to write: entries that differ from those loaded."""
+        if self.loaded is None:
+            return bool(self.files or self.allowed_missing)
+        return self.document() != self.loaded
+
+    def _damaged(self, why: str) -> UserError:
+        return DamagedLedger(
+            f"{self.path}: the sm120kit ledger is damaged: {why}",
+            f"the markers in the code still tell patched from pristine: move it aside (mv {self.path} {self.path}.bad) "
+            "and run `sm120kit status`; to get the vendor's bytes back, reinstall the packages it names",
+        )
+
+    def check_state_dir(self) -> None:
+        """Refuse a state directory that a symbolic link could lead out of the target."""
+        for path in (self.state_dir, *(self.state_dir / name for name in STATE_FILES)):
+            if path.is_symlink():
+                raise UserError(
+                    f"{path} is a symbolic link (to {os.readlink(path)}): sm120kit never follows one out of its state directory",
+                    f"remove the link (rm {path}) and run the command again",
+                )
+
+    def document(self) -> bytes:
         doc = {
             "schema": SCHEMA,
             "tool": f"sm120kit {__version__}",
@@ -118,8 +154,11 @@ class Ledger:
         }
         if self.allowed_missing:
             doc["allowed_missing"] = dict(sorted(self.allowed_missing.items()))
-        write_atomic(self.path, (json.dumps(doc, indent=2) + "\n").encode())
-        self._collect_backups()
+        return (json.dumps(doc, indent=2) + "\n").encode()
+
+    def save(self) -> None:
+        self.state_dir.mkdir(exist_ok=True)
+        write_atomic(self.path, self.document())
 
     def record(self, key: str, entry: FileEntry) -> None:
         entry.patched_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -150,25 +189,31 @@ class Ledger:
     def store_backup(self, data: bytes) -> str:
         digest = sha256(data)
         path = self._backup_path(digest)
-        if not path.exists():
+        if self.backup(digest) is None:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, data)
         return digest
 
     def backup(self, digest: str) -> bytes | None:
-        """The original bytes, only if they still hash to what we recorded."""
+        """The original bytes, only if they still hash to what we recorded (never read
+        through a symbolic link, never outside backups/)."""
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            return None
         try:
-            data = self._backup_path(digest).read_bytes()
+            fd = os.open(self._backup_path(digest), os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
             return None
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read()
         return data if sha256(data) == digest else None
 
-    def _collect_backups(self) -> None:
+    def collect_backups(self) -> None:
+        """Remove the backups no ledger entry needs (after a committed run)."""
         keep = {e.vendor_sha256 for e in self.files.values()}
         backups = self.state_dir / "backups"
-        if backups.is_dir():
+        if backups.is_dir() and not backups.is_symlink():
             for path in backups.iterdir():
-                if path.name not in keep:
+                if path.name not in keep and not path.name.endswith(TMP_SUFFIX):
                     path.unlink(missing_ok=True)
 
     @contextlib.contextmanager
@@ -176,19 +221,35 @@ class Ledger:
         """Exclusive for the duration of a run that writes; a second run fails at once."""
         from filelock import FileLock, Timeout
 
-        try:
-            self.state_dir.mkdir(exist_ok=True)
-        except OSError as exc:
-            raise UserError(
-                f"cannot create {self.state_dir} ({exc.strerror}): the target is not writable",
-                "run as the user that owns the environment, or patch at image build time",
-            ) from None
+        self.check_state_dir()
         lock = FileLock(str(self.state_dir / "lock"), timeout=0)
         try:
-            with lock:
-                yield
+            self.state_dir.mkdir(exist_ok=True)
+            lock.acquire()
         except Timeout:
             raise UserError(
                 f"another sm120kit run is changing {self.site} (it holds {lock.lock_file})",
                 "wait for it to finish, then run the command again",
             ) from None
+        except OSError as exc:
+            raise ReadOnly(self.state_dir, exc) from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+
+class DamagedLedger(UserError):
+    """ledger.json is not what sm120kit writes: reported, never half-read."""
+
+
+class ReadOnly(UserError):
+    """The state directory cannot be written (a read-only layer, another owner)."""
+
+    def __init__(self, where: Path, exc: OSError) -> None:
+        super().__init__(
+            f"{where} is not writable ({exc.strerror or exc}): this environment is read-only for this user; nothing was changed",
+            "patch where the environment is built (a Dockerfile RUN step, or as the owner of the venv); "
+            "`sm120kit status` and `sm120kit patch --check` work read-only",
+        )
+

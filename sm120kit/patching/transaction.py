@@ -1,0 +1,273 @@
+"""The writing transaction: target files, their backups and the ledger change together.
+
+A run that writes (patch, unpatch) goes through `commit`, in this order, each step durable
+(fsync) before the next starts:
+
+  1. a backup of the bytes every file holds now (content-addressed, in the state dir);
+  2. the intent journal, <state>/journal.json: which files go from which bytes to which,
+     and the digest of the ledger the run will leave;
+  3. the files, one atomic replace each;
+  4. the ledger (one atomic replace: the commit point);
+  5. the journal is removed, then backups nothing refers to any more are collected.
+
+A run killed anywhere leaves every file with its old or its new bytes (atomic replaces)
+and, from step 2 on, a journal. The next run that writes (`recover`, under the lock)
+finishes it: a ledger that is the one the journal names means the run committed; else
+every file that holds its new bytes gets its old bytes back from the backups, and the old
+ledger stands. Either way each file is what its ledger says. `status` and `--verify`
+report a pending journal instead of a false green.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import errno
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from sm120kit import __version__
+from sm120kit.errors import UserError
+from sm120kit.patching.ledger import TMP_SUFFIX, Ledger, sha256, write_atomic
+
+JOURNAL = "journal.json"
+
+
+@dataclass
+class FileWrite:
+    site: Path  # whose ledger records this file
+    package: str
+    relpath: str
+    path: Path  # where it lives (the site, or an editable install's source tree)
+    before: bytes
+    after: bytes
+
+
+def journal_path(site: Path) -> Path:
+    return Ledger(site).state_dir / JOURNAL
+
+
+def pending(sites) -> list[Path]:
+    """The journals an interrupted run left behind."""
+    return [p for site in sites if (p := journal_path(site)).exists()]
+
+
+# -- committing ---------------------------------------------------------------------------
+
+
+def commit(ledgers: dict[Path, Ledger], writes: list[FileWrite], op: str) -> None:
+    """Write every file and every ledger as one transaction (see the module docstring).
+    Raises UserError, after rolling back what it can, when a write fails."""
+    sites = sorted(ledgers)
+    _check_space(ledgers, writes)
+    try:
+        for w in writes:
+            ledgers[w.site].store_backup(w.before)
+        docs = {site: ledgers[site].document() for site in sites}
+        for site in sites:
+            ledger = ledgers[site]
+            mine = [w for w in writes if w.site == site]
+            journal = {
+                "schema": 1,
+                "tool": f"sm120kit {__version__}",
+                "op": op,
+                "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "files": [{"package": w.package, "path": w.relpath, "before": sha256(w.before), "after": sha256(w.after)} for w in mine],
+                "ledger_after": sha256(docs[site]),
+            }
+            write_atomic(journal_path(site), (json.dumps(journal, indent=2) + "\n").encode())
+    except OSError as exc:
+        for site in sites:  # nothing was replaced yet: the journal can go
+            with contextlib.suppress(OSError):
+                journal_path(site).unlink(missing_ok=True)
+        raise _write_error(exc, exc.filename or ledgers[sites[0]].state_dir, [], writes) from None
+
+    done: list[FileWrite] = []
+    try:
+        for w in writes:
+            _replace(w.path, w.after)
+            done.append(w)
+        for site in sites:
+            write_atomic(ledgers[site].path, docs[site])
+    except OSError as exc:
+        failed = writes[len(done)].path if len(done) < len(writes) else ledgers[sites[0]].path
+        raise _write_error(exc, failed, _roll_back(done, sites), writes) from None
+    for site in sites:
+        _finish(ledgers[site])
+
+
+def _replace(path: Path, data: bytes) -> None:
+    write_atomic(path, data)
+    if path.read_bytes() != data:
+        raise OSError(errno.EIO, "does not read back as written", str(path))
+
+
+def _roll_back(done: list[FileWrite], sites: list[Path]) -> dict[Path, str]:
+    """Put back the old bytes of every file already written; the state each file is in.
+    The journals stay if any file could not be put back: the next run finishes the job."""
+    states: dict[Path, str] = {}
+    for w in reversed(done):
+        try:
+            _replace(w.path, w.before)
+            states[w.path] = "rolled back"
+        except OSError as exc:
+            states[w.path] = f"still written ({_reason(exc)}): the next `sm120kit patch` or `unpatch` rolls it back"
+    if all(s == "rolled back" for s in states.values()):
+        for site in sites:
+            with contextlib.suppress(OSError):
+                _remove_journal(site)
+    return states
+
+
+def _write_error(exc: OSError, failed, states: dict[Path, str], writes: list[FileWrite]) -> UserError:
+    lines = [f"writing {failed} failed ({_reason(exc)})"]
+    if exc.errno == errno.ENOSPC:
+        lines[0] += f": the disk holding it, {_mount_point(Path(failed).parent)}, is full ({_free(Path(failed))} free)"
+    for w in writes:
+        state = states.get(w.path, "unchanged")
+        lines.append(f"  {w.path}: {state}")
+    clean = all(s in ("unchanged", "rolled back") for s in [states.get(w.path, "unchanged") for w in writes])
+    lines.append("nothing was changed" if clean else "an interrupted run is recorded in the state directory")
+    hint = "free some space and run the command again" if exc.errno == errno.ENOSPC else "fix the cause and run the command again"
+    return UserError("\n".join(lines), hint)
+
+
+def _reason(exc: OSError) -> str:
+    return f"[Errno {exc.errno}] {exc.strerror}" if exc.errno else str(exc)
+
+
+def _free(path: Path) -> str:
+    for p in (path, *path.parents):
+        with contextlib.suppress(OSError):
+            return _size(shutil.disk_usage(p).free)
+    return "?"
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _check_space(ledgers: dict[Path, Ledger], writes: list[FileWrite]) -> None:
+    """Refuse before anything is written when a filesystem cannot hold the run: a new file
+    is written beside the old one, and each backup and ledger needs room too."""
+    need: dict[int, tuple[Path, int]] = {}
+
+    def add(where: Path, n: int) -> None:
+        existing = next((p for p in (where, *where.parents) if p.exists()), where)
+        dev = os.stat(existing).st_dev
+        path, total = need.get(dev, (existing, 0))
+        need[dev] = (path, total + n + 4096)  # a block of slack per file
+
+    for w in writes:
+        add(w.path.parent, len(w.after))
+        add(ledgers[w.site].state_dir, len(w.before))
+    for ledger in ledgers.values():
+        add(ledger.state_dir, 2 * len(ledger.document()) + 8192)  # the ledger and the journal
+    for path, total in need.values():
+        free = shutil.disk_usage(path).free
+        if free < total:
+            raise UserError(
+                f"not enough space on {_mount_point(path)} (the filesystem holding {path}): "
+                f"{_size(free)} free, {_size(total)} needed; nothing was changed",
+                "free some space and run the command again",
+            )
+
+
+def _mount_point(path: Path) -> Path:
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _finish(ledger: Ledger) -> None:
+    _remove_journal(ledger.site)
+    ledger.collect_backups()
+
+
+def _remove_journal(site: Path) -> None:
+    path = journal_path(site)
+    path.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+# -- recovering -----------------------------------------------------------------------------
+
+
+def recover(site: Path, resolve) -> list[str]:
+    """Finish what an interrupted run left in `site` (call under the lock). `resolve(package,
+    relpath)` gives the file's path inside the target, or None. Returns what was done."""
+    ledger = Ledger(site)
+    messages = _remove_temp_files(ledger.state_dir, ledger.state_dir / "backups")
+    path = journal_path(site)
+    if not path.exists():
+        return messages
+    try:
+        journal = json.loads(path.read_text())
+        files = [(str(f["package"]), str(f["path"]), str(f["before"]), str(f["after"])) for f in journal["files"]]
+        committed = ledger.path.exists() and sha256(ledger.path.read_bytes()) == journal["ledger_after"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(
+            f"{path}: the journal of an interrupted sm120kit run is unreadable ({exc})",
+            f"check the files it names by hand, then move it aside (mv {path} {path}.bad)",
+        ) from None
+    targets = []
+    for package, relpath, before, after in files:
+        target = resolve(package, relpath)
+        if target is not None:
+            messages += _remove_temp_files(target.parent, name=target.name)
+            targets.append((target, before, after))
+    if committed:
+        messages.append(f"finished an interrupted sm120kit run in {site}: it had committed")
+    else:
+        for target, before, after in targets:
+            messages.append(_restore(ledger, target, before, after))
+        messages.append(f"rolled back an interrupted sm120kit run in {site}")
+    _finish(Ledger.load(site))  # the ledger on disk says which backups are still needed
+    return messages
+
+
+def _restore(ledger: Ledger, target: Path, before: str, after: str) -> str:
+    try:
+        current = sha256(target.read_bytes())
+    except FileNotFoundError:
+        return f"  {target}: absent, left alone"
+    if current == before:
+        return f"  {target}: was not written yet"
+    if current != after:
+        return f"  {target}: changed since (an upgrade?), left alone"
+    old = ledger.backup(before)
+    if old is None:
+        raise UserError(
+            f"{target} holds the bytes of an interrupted sm120kit run, and the backup {before[:12]} of its old bytes is missing",
+            "reinstall the package it belongs to (pip install --force-reinstall --no-deps ...), then remove " + str(journal_path(ledger.site)),
+        )
+    _replace(target, old)
+    return f"  {target}: rolled back"
+
+
+def _remove_temp_files(*dirs: Path, name: str = "") -> list[str]:
+    """`write_atomic`'s temp files that a killed run left (only ours: the suffix says so)."""
+    removed = []
+    for directory in dirs:
+        for tmp in directory.glob(f".{name}.*{TMP_SUFFIX}" if name else f"*{TMP_SUFFIX}"):
+            with contextlib.suppress(OSError):
+                if not tmp.is_symlink() and tmp.is_file():
+                    tmp.unlink()
+                    removed.append(f"removed {tmp}, left by an interrupted run")
+    return removed
