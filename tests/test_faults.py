@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 
 import pytest
-from conftest import FIXTURE_PATCHES, install, tree_snapshot
+from conftest import FIXTURE_PATCHES, install, replace_installed, tree_snapshot
 from filelock import FileLock
 
 from sm120kit.patching import transaction
@@ -67,21 +65,9 @@ def test_foreign_edit_is_refused_then_forced(cli, site10):
     assert (site10 / GATE).read_text().endswith("# a local hotfix\n")
 
 
-def _rewrite_record(site, relpath, data):
-    """A vendor build whose code has another shape: the file and RECORD agree."""
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    (site / relpath).write_bytes(data)
-    record = next(site.glob("sglang-*.dist-info")) / "RECORD"
-    lines = [
-        f"{relpath},sha256={digest},{len(data)}" if line.startswith(relpath + ",") else line
-        for line in record.read_text().splitlines()
-    ]
-    record.write_text("\n".join(lines) + "\n")
-
-
 def test_anchor_missing(cli, site10):
     data = (site10 / GATE).read_bytes().replace(b"if backend_str not in [", b"if self.server_args.moe_runner_backend not in [")
-    _rewrite_record(site10, GATE, data)
+    replace_installed(site10, "sglang", GATE, data)
     before = tree_snapshot(site10)
     code, out, _ = cli("patch", "--site", site10)
     assert code == 2 and "anchor-missing" in out and "expected one `if backend_str not in [...]`" in out
