@@ -148,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="NAME", help="model name for the client (default: what the server reports)")
     p.add_argument("--out", metavar="DIR", help="results directory (default ./sm120kit-bench/<profile>-<time>)")
     p.add_argument("--serve", action="store_true", help="start the profile's server with `sm120kit serve` first, stop it afterwards")
+    p.add_argument("--no-gpu-check", action="store_true", help="with --serve: passed on to `sm120kit serve` (start without its GPU check)")
     _profile_args(p)
     _target_args(p)
     p.add_argument("--debug", action="store_true", help="print tracebacks and full details")
@@ -323,13 +324,14 @@ def _launch(args):
     from sm120kit.errors import UserError
     from sm120kit.profiles.flags import read_schema
     from sm120kit.profiles.loader import load_profile
-    from sm120kit.profiles.render import render
+    from sm120kit.profiles.render import render, require_servable
     from sm120kit.target import resolve_target
 
     sets = list(args.sets or [])
     if getattr(args, "node_rank", None) is not None:
         sets.append(f"parallel.node_rank={args.node_rank}")
     profile = load_profile(args.name, args.profile_dir, sets)
+    require_servable(profile)  # before the target: a base profile is refused anywhere
     target = resolve_target(args.python, args.site)
     dist = target.find("sglang")
     if dist is None:
@@ -397,6 +399,32 @@ def cmd_serve(args) -> int:
     return command.serve(profile, launch, target, args)
 
 
+def _check_range(option: str, value: float, low: float, high: float, hint: str, low_open: bool = False) -> None:
+    """A numeric option must be finite and within its range (nan, inf, 0 or -1 passed
+    argparse and misbehaved later): else a UserError naming the option and the range."""
+    import math
+
+    from sm120kit.errors import UserError
+
+    if math.isfinite(value) and (value > low if low_open else value >= low) and value <= high:
+        return
+    def plain(x: float) -> str:
+        return str(int(x)) if math.isfinite(x) and float(x).is_integer() else f"{x:g}"
+
+    kind = "an integer" if isinstance(value, int) else "a number"
+    allowed = f"{kind} above {plain(low)} and at most {plain(high)}" if low_open else f"{kind} from {plain(low)} to {plain(high)}"
+    raise UserError(f"{option} {plain(value) if isinstance(value, int) else f'{value:g}'}: allowed: {allowed}", hint)
+
+
+def _check_bench_numbers(args) -> None:
+    from sm120kit.profiles.model import MAX_TOKENS
+
+    for option, value in (("--input-len", args.input_len), ("--output-len", args.output_len)):
+        _check_range(option, value, 1, MAX_TOKENS, f"tokens per request, e.g. {option} 256")
+    _check_range("--prompts-per-level", args.prompts_per_level, 0, 1000, "requests per level as a multiple of the concurrency, e.g. --prompts-per-level 3", low_open=True)
+    _check_range("--threshold", args.threshold, 0, 1, "the smallest gain per doubling that is not a plateau, e.g. --threshold 0.1 (10%)", low_open=True)
+
+
 def cmd_bench(args) -> int:
     from sm120kit.bench import command
     from sm120kit.errors import UserError
@@ -410,13 +438,16 @@ def cmd_bench(args) -> int:
         raise UserError(f"bench takes one profile, or --url without one (got: {got})", "sm120kit bench glm5-nvfp4 --concurrency 64,128, or sm120kit bench --url http://127.0.0.1:30000")
     if args.site:
         raise UserError("--site names packages, not a python that can run the benchmark client", "give the serving environment's interpreter: --python EXE")
+    _check_bench_numbers(args)
     from sm120kit.target import resolve_target
 
     profile = None
     if not args.url:
         from sm120kit.profiles.loader import load_profile
+        from sm120kit.profiles.render import require_servable
 
         profile = load_profile(args.name[0], args.profile_dir, args.sets)
+        require_servable(profile)
     return command.bench(args, profile, resolve_target(args.python, None))
 
 
@@ -441,24 +472,33 @@ def cmd_ps(args) -> int:
     from sm120kit.serve.rundir import runs, serve_root
 
     found = runs()
+    damaged = [r["error"] for r in found if r["status"] == "damaged"]
+    code = 2 if damaged else 0  # a record that cannot be read is not "nothing served"
     if args.json:
-        report.emit_json({"runs": found})
-        return 0
+        report.emit_json({"runs": found, "exit_code": code})
+        return code
     if not found:
         print(f"nothing served here yet (no run under {serve_root()})")
         return 0
     print(report.table(["PROFILE", "STATUS", "SUPERVISOR", "SERVER", "SINCE", "RESTARTS", "LAST HEALTH", "PORT"], [report.ps_row(r) for r in found]))
-    return 0
+    for error in damaged:
+        print(f"sm120kit: error: damaged run record {error}; `sm120kit serve` of that profile writes a new one", file=sys.stderr)
+    return code
 
 
 def cmd_diagnose(args) -> int:
     """Exit 0: no known signature; 1: one or more found; 2: bad input."""
     from sm120kit import report
     from sm120kit.errors import UserError
-    from sm120kit.serve.diagnose import diagnose
+    from sm120kit.serve.diagnose import MAX_TAIL_LINES, diagnose, read_tail
 
+    _check_range("--tail", args.tail, 1, MAX_TAIL_LINES, "the number of last lines to look at, e.g. --tail 400")
     try:
-        text = sys.stdin.read() if args.log == "-" else open(args.log, encoding="utf-8", errors="replace").read()
+        if args.log == "-":
+            text = read_tail(sys.stdin.buffer, args.tail)
+        else:
+            with open(args.log, "rb") as fh:
+                text = read_tail(fh, args.tail)  # only the end: a log can be gigabytes
     except OSError as exc:
         raise UserError(f"cannot read the log {args.log}: {exc.strerror}", "pass the server's log file, or - for standard input") from None
     found = diagnose(text, args.tail)

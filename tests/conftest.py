@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import os
 import re
 import sys
 import zipfile
@@ -20,6 +21,7 @@ import fetch_wheels  # noqa: E402
 
 from sm120kit.cli import main  # noqa: E402
 from sm120kit.patching.registry import load_patches  # noqa: E402
+from sm120kit.serve import procs  # noqa: E402
 
 WINDOW = fetch_wheels.SGLANG_WINDOW
 FIXTURE_PATCHES = ROOT / "tests" / "fixtures" / "patches"
@@ -33,6 +35,11 @@ MEMBERS = sorted({r.path for p in load_patches([str(FIXTURE_PATCHES)]) for r in 
     "sglang/srt/model_executor/cuda_graph_config.py",
 ]
 
+
+# The host's processes are not the tests' business: scans see only this test run's
+# descendants, and the orphans its servers leave are re-parented to it (not to PID 1).
+procs.become_subreaper()
+os.environ[procs.SCOPE] = str(os.getpid())
 
 flashinfer_pin = functools.lru_cache(maxsize=None)(fetch_wheels.flashinfer_pin)
 

@@ -45,6 +45,32 @@ def make_env_python(root: Path, version: str) -> Path:
     return shim
 
 
+def foreign_server(root: Path, port: int, tp: int = 1) -> subprocess.Popen:
+    """A server someone else started by hand, `sglang serve` (the console script: the
+    launcher's command line is `python .../bin/sglang serve ...`), with the stand-in as
+    sglang: a launcher, its schedulers and a detokenizer. Not a child of any sm120kit."""
+    script = root / "bin" / "sglang"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "# TEST FIXTURE: sglang's console script, with the stand-in as sglang.\n"
+        "import runpy, sys\n"
+        f"sys.argv = [{str(STANDIN)!r}, *sys.argv[2:]]\n"
+        f"runpy.run_path({str(STANDIN)!r}, run_name='__main__')\n"
+    )
+    script.chmod(0o755)
+    argv = [str(script), "serve", "--model-path", "someone/else", "--port", str(port), "--tp-size", str(tp)]
+    env = {**os.environ, "SGLANG_STANDIN": "{}"}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    launcher = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 20
+    while len([c for c in launcher.children() if c.cmdline()[:1] and c.cmdline()[0].startswith("sglang::")]) < tp + 1:
+        if time.monotonic() > deadline:
+            raise AssertionError("the foreign server's schedulers did not start")
+        time.sleep(0.05)
+    return proc
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -61,13 +87,15 @@ class Served:
         self.state = tmp_path / "state"
         self.dir = self.state / "serve" / "standin"
         self.token = uuid.uuid4().hex
-        self.env = {**os.environ, "SM120KIT_STATE_DIR": str(self.state), "SGLANG_STANDIN": json.dumps(faults), "STANDIN_TEST_RUN": self.token, **env}
+        self.pids = tmp_path / f"standin-pids-{self.token[:6]}"
+        self.env = {**os.environ, "SM120KIT_STATE_DIR": str(self.state), "SGLANG_STANDIN": json.dumps(faults), "STANDIN_PIDS": str(self.pids), **env}
         self.argv = [
             sys.executable, "-m", "sm120kit", "serve", "standin", "--python", str(python), "--profile-dir", str(PROFILES),
             "--no-gpu-check", "--set", f"server.port={self.port}", *(a for s in sets for a in ("--set", s)), *extra,
         ]  # fmt: skip
         self.out_path = tmp_path / f"supervisor-{self.token[:6]}.out"
         self.proc: subprocess.Popen | None = None
+        self.started_at = time.time()
 
     def start(self) -> Served:
         self.out_file = open(self.out_path, "w")
@@ -105,11 +133,13 @@ class Served:
         return self.proc.wait(timeout)
 
     def ours(self) -> list[psutil.Process]:
-        """Every live process started for this test (they all inherit STANDIN_TEST_RUN)."""
+        """Every live process of the stand-in started for this test: each notes its pid in
+        the file (setproctitle leaves nothing readable in /proc/PID/environ)."""
         found = []
-        for p in psutil.process_iter():
+        for pid in sorted({int(n) for n in self.pids.read_text().split()} if self.pids.exists() else ()):
             try:
-                if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE and p.environ().get("STANDIN_TEST_RUN") == self.token and p.pid != (self.proc.pid if self.proc and self.proc.poll() is None else -1):
+                p = psutil.Process(pid)
+                if p.status() != psutil.STATUS_ZOMBIE and p.create_time() >= self.started_at - 1:
                     found.append(p)
             except psutil.Error:
                 pass

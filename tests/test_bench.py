@@ -237,3 +237,34 @@ def test_a_level_rerun_into_the_same_directory_never_reports_the_old_line(server
     assert bench(server, out, {"total": {"64": 757}}, "--concurrency", "64").returncode == 0
     done = bench(server, out, {"total": {"64": 757}, "crash": [64]}, "--concurrency", "64")
     assert done.returncode == 1 and "FAILED: the client wrote no result" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--threshold", "inf"), ("--threshold", "nan"), ("--threshold", "0"), ("--threshold", "-0.1"), ("--threshold", "2"),
+        ("--input-len", "0"), ("--input-len", "-5"), ("--input-len", "1000000000"), ("--output-len", "0"), ("--output-len", "-1"),
+        ("--prompts-per-level", "0"), ("--prompts-per-level", "nan"), ("--prompts-per-level", "inf"), ("--prompts-per-level", "-1"),
+        ("--concurrency", "64,100000000"),
+    ],
+)  # fmt: skip
+def test_numbers_out_of_range_are_refused_before_anything_runs(cli, option, value):
+    code, _, err = cli("bench", "--url", "http://127.0.0.1:9", option, value)
+    assert code == 2 and "Traceback" not in err
+    assert f"{option} {value}" in err or f"{option} {value!r}" in err, err
+    assert "allowed" in err or "is not" in err, err
+
+
+def test_a_client_key_that_would_break_the_header_is_refused_without_telling_it(monkeypatch):
+    from sm120kit.bench import client
+    from sm120kit.errors import UserError
+
+    secret = "sk-live-0123456789abcdef"
+    monkeypatch.setenv("BENCH_KEY", secret + "\r")
+    with pytest.raises(UserError) as info:
+        client.api_key("BENCH_KEY")
+    assert "$BENCH_KEY ends with a carriage return" in str(info.value) and secret not in str(info.value)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("API_KEY", secret + "\n")
+    with pytest.raises(UserError, match="API_KEY ends with a newline"):
+        client.api_key(None)

@@ -65,3 +65,34 @@ def test_cli(cli, tmp_path):
     assert cli("diagnose", log)[0] == 0
     code, _, err = cli("diagnose", tmp_path / "missing.log")
     assert code == 2 and "cannot read the log" in err
+
+
+@pytest.mark.parametrize("tail", ["0", "-3", "1000000000"])
+def test_a_tail_out_of_range_is_refused(cli, tmp_path, tail):
+    log = tmp_path / "server.log"
+    log.write_text(LOG_NOISE)
+    code, out, err = cli("diagnose", log, "--tail", tail)
+    assert code == 2 and f"--tail {tail}: allowed: an integer from 1 to" in err and not out
+
+
+@pytest.mark.parametrize("source", ["file", "stdin"])
+def test_a_huge_log_is_read_from_its_tail_in_bounded_memory(cli, tmp_path, monkeypatch, source):
+    """A 1 GB log was read whole (2.1 GB of memory): only its tail is read now."""
+    import sys
+    import tracemalloc
+
+    log = tmp_path / "huge.log"
+    with open(log, "wb") as fh:
+        fh.truncate(256 << 20)  # sparse: 256 MiB of NULs without a newline, then the death
+        fh.seek(0, 2)
+        fh.write(b"\n" + LOG_NOISE.encode() + b"RuntimeError: CUDA error: an illegal instruction was encountered\n" + LOG_NOISE.encode())
+    if source == "stdin":
+        monkeypatch.setattr(sys, "stdin", open(log, encoding="utf-8"))  # noqa: SIM115 (closed with the test)
+    tracemalloc.start()
+    try:
+        code, out, _ = cli("diagnose", "-" if source == "stdin" else log)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert code == 1 and "illegal-instruction" in out
+    assert peak < 80 << 20, f"peak {peak >> 20} MiB"

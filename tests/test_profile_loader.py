@@ -447,3 +447,90 @@ def test_fuzz_returns_a_profile_or_a_user_error(pdir, text, sets):
         assert exc.message and exc.hint
     else:
         assert isinstance(profile, Profile) and profile.name == "fuzz"
+
+
+# -- every number is finite and bounded (issue 12, item 8) -------------------------------
+
+def numeric_fields() -> list[tuple[str, str, type]]:
+    """(table, key, int or float) of every number in a profile, found from the model itself."""
+    from typing import get_args
+
+    from pydantic import BaseModel
+
+    found = []
+    for table, info in Profile.model_fields.items():
+        if not (isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)):
+            continue
+        for key, field in info.annotation.model_fields.items():
+            kinds = {info_type for info_type in (field.annotation, *get_args(field.annotation)) if info_type in (int, float)}
+            if kinds:
+                found.append((table, key, float if float in kinds else int))
+    return found
+
+
+def test_the_model_has_numbers_to_check():
+    keys = {f"{t}.{k}" for t, k, _ in numeric_fields()}
+    assert {"health.stop_timeout_s", "health.startup_timeout_s", "parallel.tp", "server.port", "engine.mem_fraction_static"} <= keys
+
+
+@pytest.mark.parametrize(("table", "key", "kind"), numeric_fields())
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e300", "-7", "123456789012345678901234567890"])
+def test_every_number_is_finite_and_bounded(pdir, table, key, kind, value):
+    if kind is int and value == "1e300":
+        value = "10000000000000000000"  # TOML's largest integers: the int spelling of "absurdly large"
+    path = write(pdir, "p", f"[{table}]\n{key} = {value}\n")
+    message = error(pdir, "p")
+    assert f"{path}: {table}.{key}" in message, message
+    assert "allowed:" in message or "must be" in message, f"the message names the allowed range: {message}"
+    assert "Infinity" not in message and "NaN" not in message, "values are spelled as TOML spells them"
+
+
+def test_the_range_is_named_with_the_value(pdir):
+    path = write(pdir, "p", "[health]\nstop_timeout_s = inf\n")
+    message = error(pdir, "p")
+    assert f"{path}: health.stop_timeout_s: inf is not a finite number" in message
+    assert "allowed: a number above 0 and at most 86400" in message
+    message = error(pdir, "p", "health.stop_timeout_s=1e9")
+    assert "--set health.stop_timeout_s=1e9: health.stop_timeout_s" in message and "at most 86400" in message
+    message = error(pdir, "p", "health.stop_timeout_s=60", "parallel.tp=100000")
+    assert "parallel.tp" in message and "allowed: an integer from 1 to 1024" in message
+
+
+def test_non_finite_extra_args_values_are_refused(pdir):
+    path = write(pdir, "p", '[extra_args]\n"--x" = nan\n')
+    assert f"{path}: extra_args.--x: nan is not a finite number" in error(pdir, "p")
+
+
+# -- extra_args may not undo what a field guards (issue 12, item 11) ----------------------
+
+@pytest.mark.parametrize(
+    ("flag", "value", "field"),
+    [
+        ("--host", '"0.0.0.0"', "server.host"),
+        ("--port", "8000", "server.port"),
+        ("--api-key", '"sk-live-123"', "server.api_key_env"),
+        ("--model-path", '"/models/x"', "model.path"),
+        ("--model", '"/models/x"', "model.path"),
+        ("--tp-size", "4", "parallel.tp"),
+        ("--tensor-parallel-size", "4", "parallel.tp"),
+        ("--ep", "8", "parallel.ep"),
+        ("--kv-cache-dtype", '"fp8_e4m3"', "engine.kv_cache_dtype"),
+        ("--disable-cuda-graph", "true", "engine.cuda_graphs"),
+        ("--config", '"other.yaml"', "server.api_key_env"),
+    ],
+)
+def test_extra_args_may_not_set_a_flag_that_a_field_owns(pdir, flag, value, field):
+    path = write(pdir, "p", f'[extra_args]\n"--enable-metrics" = true\n"{flag}" = {value}\n')
+    message = error(pdir, "p")
+    assert f"{path}: extra_args.{flag}: " in message and field in message, message
+    assert "sk-live-123" not in message, "a key written where it does not belong is not echoed"
+    assert f"set {field} instead" in message, message
+
+
+def test_extra_args_set_on_the_command_line_is_refused_the_same_way(pdir):
+    write(pdir, "p", "")
+    message = error(pdir, "p", "extra_args.--host=0.0.0.0")
+    assert "--set extra_args.--host=0.0.0.0: extra_args.--host: " in message and "server.host" in message
+    message = error(pdir, "p", "extra_args.--api-key=sk-live-123")
+    assert "--set extra_args.--api-key=***: extra_args.--api-key: " in message and "sk-live-123" not in message
+    assert load(pdir, "p", "extra_args.--enable-metrics=true").extra_args == {"--enable-metrics": True}

@@ -112,10 +112,48 @@ def test_serve_dry_run_prints_the_command_and_starts_nothing(cli, site):
 
 def test_multi_node_renders_sglangs_own_flags_and_node_rank_overrides(cli, site):
     install(site, "0.5.23", flashinfer=False)
-    sets = ["--set", "parallel.nnodes=2", "--set", "parallel.dist_init_addr=node0:5000"]
+    sets = ["--set", "parallel.nnodes=2", "--set", "parallel.tp=16", "--set", "parallel.dist_init_addr=node0:5000"]  # 2 x 8 GPUs
     code, doc = cli.json("serve", "glm5-nvfp4", "--dry-run", "--site", site, *sets, "--node-rank", "1")
     pairs = argv_pairs(doc["argv"])
     assert code == 0 and pairs["--nnodes"] == "2" and pairs["--node-rank"] == "1"
     assert pairs["--dist-init-addr"] == "node0:5000"
     code, _, err = cli("serve", "glm5-nvfp4", "--dry-run", "--site", site, *sets, "--node-rank", "2")
     assert code == 2 and "node_rank" in err
+
+
+# -- extra_args may not undo what a field guards (issue 12, item 11) ----------------------
+
+EVERY_FIELD = [
+    "model.served_name=x", "model.quantization=modelopt_fp4", "model.trust_remote_code=true", "model.context_length=4096",
+    "parallel.ep=8", "parallel.pp=1", "parallel.nnodes=2", "parallel.tp=16", "parallel.dist_init_addr=node0:5000",
+    "engine.prefill_attention_backend=flashinfer", "engine.decode_attention_backend=flashinfer",
+    "engine.dsa_prefill_backend=flashmla_sparse", "engine.dsa_decode_backend=flashmla_sparse", "engine.fp4_gemm_backend=auto",
+    "engine.cuda_graphs=false", "engine.cuda_graph_max_bs=32", "engine.radix_cache=false", "engine.mem_fraction_static=0.8",
+    "engine.chunked_prefill_size=4096", "engine.disable_shared_experts_fusion=true", "engine.flashinfer_autotune=false",
+    "server.host=0.0.0.0", "server.api_key_env=SGLANG_API_KEY",
+]
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.13", "0.5.14", "0.5.23"])
+def test_every_flag_a_field_renders_is_refused_in_extra_args(version):
+    """The set of owned flags is complete: whatever a field renders, extra_args may not."""
+    from sm120kit.profiles.model import FLAG_OWNERS
+
+    profile = load_profile("glm5-nvfp4", [], EVERY_FIELD)
+    profile = profile.model_copy(update={"extra_args": {}})  # what the fields render, nothing else
+    rendered = {a for a in render(profile, schema(version)).argv[3:] if isinstance(a, str) and a.startswith("--")}
+    assert rendered - set(FLAG_OWNERS) == set(), version
+
+
+def test_an_alias_of_an_owned_flag_in_the_installed_release_is_refused():
+    """A release may spell an owned flag another way: found through its own flag schema."""
+    import dataclasses
+
+    from sm120kit.profiles.flags import FlagSchema
+
+    real = schema("0.5.23")
+    flags = tuple(dataclasses.replace(f, aliases=(*f.aliases, "--bind-host")) if f.name == "--host" else f for f in real.flags)
+    profile = load_profile("glm5-nvfp4", [], ["extra_args.--bind-host=0.0.0.0"])
+    with pytest.raises(UserError) as err:
+        render(profile, FlagSchema(real.version, flags))
+    assert "extra_args.'--bind-host': sglang 0.5.23 reads it as --host, which server.host sets: set server.host instead" in str(err.value)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from standin import Served, make_env_python
+from standin import Served, foreign_server, free_port, make_env_python
 
 from sm120kit.serve import procs
 
@@ -210,6 +210,24 @@ def test_a_worker_that_left_the_process_group_is_stopped_too(serve):
     assert not psutil.pid_exists(orphan.pid) or psutil.Process(orphan.pid).status() == psutil.STATUS_ZOMBIE
 
 
+def test_a_titled_worker_that_left_the_group_is_found_when_its_launcher_is_killed(serve):
+    """The launcher ignores SIGTERM, so the stop ends in SIGKILL to the group; the scheduler
+    that titled itself (its environ unreadable) and then left the group escapes that, and
+    its launcher's own tree kill. It is the supervisor's child (a subreaper) and was in the
+    tree it sampled: the stop finds it, and says clean only when it is gone."""
+    s = serve({"orphan": True, "ignore_sigterm": True}, sets=["health.stop_timeout_s=1"]).start()
+    s.wait("ready")
+    [orphan] = [p for p in s.ours() if p.cmdline()[0] == "sglang::scheduler_TP1"]
+    assert os.getsid(orphan.pid) == orphan.pid  # its own session and group: outside killpg's reach
+    assert procs.MARKER not in orphan.environ()  # setproctitle wrote over it
+    assert s.signal(signal.SIGTERM) == 0
+    stopped = s.wait("stopped")
+    assert stopped["clean"] and orphan.pid in stopped["sigkilled"] and stopped["left"] == []
+    assert not orphan.is_running() or orphan.status() == psutil.STATUS_ZOMBIE
+    assert not s.ours()
+
+
+@pytest.mark.preflight
 def test_a_killed_supervisor_takes_the_server_down_and_the_next_preflight_finds_the_rest(serve):
     s = serve({"orphan": True}).start()
     s.wait("ready")
@@ -238,6 +256,29 @@ def test_a_killed_supervisor_takes_the_server_down_and_the_next_preflight_finds_
     assert not s.ours()
 
 
+@pytest.mark.preflight
+def test_a_healthy_server_someone_else_started_is_not_stale(serve, tmp_path):
+    """`sglang serve` started by hand, its launcher alive: its scheduler and detokenizer
+    are named and left alone, with or without --kill-stale (stale: of a run of ours that is
+    over, or orphaned)."""
+    other = foreign_server(tmp_path / "other", free_port())
+    try:
+        children = psutil.Process(other.pid).children()
+        titles = sorted(c.cmdline()[0] for c in children)
+        assert titles == ["sglang::detokenizer", "sglang::scheduler_TP0"]
+        s = serve()
+        for extra in ((), ("--kill-stale",)):
+            code, out = run_check(s, *extra)
+            assert code == 0, out
+            assert "stale processes: none; another sglang server, not started by sm120kit, left alone" in out
+            assert all(f"pid {c.pid} " in out for c in children)
+            assert all(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children) and other.poll() is None
+    finally:
+        other.terminate()
+        other.wait(10)
+
+
+@pytest.mark.preflight
 def test_a_port_already_taken_is_refused_and_nothing_starts(serve):
     s = serve()
     with socket.socket() as taken:
@@ -285,11 +326,72 @@ def test_api_key_reaches_the_server_and_never_the_record(serve):
     assert s.events("started")[0]["argv"][-2:] == ["--config", str(key_file)] and "api_key='$STANDIN_KEY'" in s.output
 
 
+@pytest.mark.preflight
+def test_an_api_key_with_a_trailing_carriage_return_is_refused_and_never_printed(serve):
+    secret = "sk-" + uuid.uuid4().hex
+    s = serve(sets=["server.api_key_env=STANDIN_KEY"], env={"STANDIN_KEY": secret + "\r"})
+    code, out = s.run()
+    assert code == 2 and "FAIL api key: $STANDIN_KEY ends with a carriage return" in out, out
+    assert secret not in out and "Traceback" not in out and not s.events("started")
+
+
+def test_a_key_that_is_also_part_of_the_record_leaves_the_record_intact(serve):
+    """Redaction by text substitution once rewrote state.json ("host": "127.$KEY.$KEY.1")."""
+    s = serve(sets=["server.api_key_env=STANDIN_KEY"], env={"STANDIN_KEY": "127.0.0.1"}).start()
+    s.wait("ready")
+    code, doc, _ = ps(s)
+    [run] = doc["runs"]
+    assert code == 0 and run["host"] == "127.0.0.1" and run["status"] == "ready" and run["running"]
+    assert s.events("started")[0]["argv"][-2:] == ["--config", str(s.dir / "api-key.yaml")]
+    assert s.signal() == 0
+
+
+def test_a_key_file_left_by_a_killed_supervisor_is_removed_by_the_next_start(serve):
+    secret = "sk-" + uuid.uuid4().hex
+    s = serve(sets=["server.api_key_env=STANDIN_KEY"], env={"STANDIN_KEY": secret}).start()
+    s.wait("ready")
+    key_file = s.dir / "api-key.yaml"
+    s.proc.kill()  # SIGKILL: no finally runs
+    s.proc.wait()
+    assert secret in key_file.read_text()  # what it leaves behind
+    again = serve(sets=["server.api_key_env=STANDIN_KEY_UNSET"])  # the next start (refused later by its preflight)
+    again.env["SM120KIT_STATE_DIR"] = str(s.state)
+    code, out = again.run()
+    assert code == 2 and not key_file.exists(), out
+    assert f"removed the API key file that a killed supervisor left behind: {key_file}" in out
+
+
+def test_a_full_disk_under_the_state_dir_does_not_stop_a_healthy_server(serve):
+    """events.jsonl and the state file's temporary copy on /dev/full: every write of the
+    record fails with ENOSPC, as on a full disk. The supervisor says so and supervises on."""
+    s = serve().start()
+    s.wait("ready")
+    events, state_tmp = s.dir / "events.jsonl", s.dir / ".state.json.tmp"
+    events.unlink()
+    events.symlink_to("/dev/full")
+    state_tmp.unlink(missing_ok=True)
+    state_tmp.symlink_to("/dev/full")
+    deadline = time.monotonic() + 10
+    while "could not record" not in s.output and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.5)  # probes every 0.2 s: each one updates the state
+    assert s.proc.poll() is None, s.output
+    assert "could not record state.json (No space left on device)" in s.output, s.output
+    assert s.output.count("could not record state.json") == 1, "said once, not at every probe"
+    events.unlink()
+    state_tmp.unlink()  # space again
+    assert s.signal() == 0, s.output
+    assert "recording state.json again" in s.output
+    assert s.events("stopped")[-1]["clean"] is True
+
+
+@pytest.mark.preflight
 def test_api_key_variable_unset_is_refused(serve):
     code, out = serve(sets=["server.api_key_env=STANDIN_KEY_UNSET"]).run()
     assert code == 2 and "FAIL api key: server.api_key_env = STANDIN_KEY_UNSET, but $STANDIN_KEY_UNSET is empty or not set" in out
 
 
+@pytest.mark.preflight
 def test_required_patches_are_verified_before_a_start(serve, env_python):
     """glm5-nvfp4 on an unpatched sglang 0.5.23: refused until `sm120kit patch`."""
     s = serve()

@@ -3,13 +3,18 @@ from sglang's log lines, backoff, log rotation, the GPU check's rules, process s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 
+import psutil
 import pytest
+
+from standin import PROFILES, free_port, make_env_python
 
 from sm120kit.profiles.model import Health, Profile
 from sm120kit.serve import gpus, preflight, procs
@@ -119,13 +124,50 @@ def test_gpu_check_rules(monkeypatch, found, problem):
         assert problem in check.detail and "--no-gpu-check" in check.hint
 
 
-def test_without_nvml_the_gpu_check_is_skipped_not_failed(monkeypatch):
-    def unavailable():
-        raise gpus.NvmlUnavailable("nvidia-ml-py is not installed (pip install 'sm120kit[gpu]')")
+def test_serve_reads_the_gpus_from_doctors_nvml_document():
+    """One reader: the preflight's GPUs are those of the document doctor reports (here one
+    recorded on a real H200 node, before it reported free memory)."""
+    import json
+    from pathlib import Path
 
-    monkeypatch.setattr(gpus, "read_gpus", unavailable)
-    check = preflight.check_gpus(profile(), {})
-    assert check.ok is None and "nvidia-ml-py is not installed" in check.detail
+    doc = json.loads((Path(__file__).parent / "fixtures" / "doctor" / "h200-recorded.json").read_text())
+    found = gpus.from_document(doc)
+    assert [g.index for g in found] == list(range(len(doc["gpus"])))
+    assert found[0].name == "NVIDIA H200" and found[0].capability == "9.0"
+    assert found[0].total == 143771 * gpus.MIB and found[0].free == (143771 - 615) * gpus.MIB
+    with pytest.raises(gpus.NvmlUnavailable, match="no NVIDIA driver"):
+        gpus.from_document({"error": "no NVIDIA driver: NVML cannot start (NVML Shared Library Not Found)"})
+
+
+@pytest.fixture
+def no_driver(monkeypatch):
+    """NVML as on a machine without the NVIDIA driver (CI), whatever this machine has."""
+    import pynvml
+
+    def fail() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", fail)
+
+
+@pytest.mark.preflight
+def test_without_a_driver_serve_and_doctor_both_fail_the_gpus(cli, no_driver, monkeypatch, tmp_path):
+    """One truth: the preflight refuses a profile whose GPUs cannot be established, as
+    doctor fails the node; only --no-gpu-check gets past it."""
+    monkeypatch.setenv("SM120KIT_STATE_DIR", str(tmp_path / "state"))
+    (tmp_path / "env").mkdir()
+    python = make_env_python(tmp_path / "env", "0.5.23")
+    argv = ["serve", "standin", "--python", python, "--profile-dir", PROFILES, "--check", "--set", f"server.port={free_port()}"]
+    no_nvml = "no NVIDIA driver: NVML cannot start (NVML Shared Library Not Found)"
+    code, out, err = cli(*argv)
+    assert code == 1, out + err
+    assert f"FAIL gpus: cannot tell whether the 2 GPUs the profile needs are here: {no_nvml}" in out
+    assert "--no-gpu-check" in out and "sm120kit[gpu]" not in out + err
+    code, out, _ = cli(*argv, "--no-gpu-check")
+    assert code == 0 and "skip gpus: not checked (--no-gpu-check)" in out, out
+    code, out, err = cli("doctor", "--python", python)
+    assert code == 1 and "sm120kit[gpu]" not in out + err, out
+    assert any(line.split()[:2] == ["FAIL", "driver"] and no_nvml in line for line in out.splitlines()), out
 
 
 def test_exit_descriptions():
@@ -134,6 +176,7 @@ def test_exit_descriptions():
     assert procs.exit_description(signal.SIGKILL) == (None, "killed by SIGKILL")
 
 
+@pytest.mark.preflight
 def test_scan_finds_sglang_titles_and_our_marker():
     titled = subprocess.Popen(["sglang::scheduler_TP3", "-c", "import time; time.sleep(60)"], executable=sys.executable)
     marked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, procs.MARKER: "p:1234"})
@@ -144,12 +187,45 @@ def test_scan_finds_sglang_titles_and_our_marker():
         assert by_title[titled.pid].title.startswith("sglang::scheduler_TP3")
         assert [p.pid for p in procs.scan(marker="p:1234")] == [marked.pid]
         assert marked.pid in {p.pid for p in procs.scan(marker="")} and procs.scan(marker="p:other") == []
-        report = procs.stop(None, "p:1234", timeout=5, pids={titled.pid})
+        report = procs.stop(None, None, timeout=5, pids={titled.pid, marked.pid})
         assert report.clean and report.processes == 2 and report.killed == []
     finally:
         for p in (titled, marked):
             p.kill()
             p.wait()
+
+
+def titled_child(parent_code: str) -> str:
+    child = "import setproctitle, time; setproctitle.setproctitle('sglang::scheduler_TP0'); time.sleep(60)"
+    return f"import subprocess, sys, time; print(subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid, flush=True); {parent_code}"
+
+
+@pytest.mark.preflight
+def test_stale_means_orphaned_not_merely_unrecognised(monkeypatch, tmp_path):
+    """A scheduler whose launcher is alive is not stale, even when the launcher's command
+    line says nothing of sglang (an operator's script around sglang's Engine); one whose
+    launcher is gone (re-parented to a subreaper outside its process group) is."""
+    monkeypatch.setenv("SM120KIT_STATE_DIR", str(tmp_path))
+    launcher = subprocess.Popen([sys.executable, "-c", titled_child("time.sleep(60)")], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    healthy = int(launcher.stdout.readline())
+    gone = subprocess.run([sys.executable, "-c", titled_child("")], capture_output=True, text=True, start_new_session=True, check=True)
+    orphan = int(gone.stdout)
+    try:
+        for pid in (healthy, orphan):
+            while psutil.Process(pid).cmdline()[:1] != ["sglang::scheduler_TP0"]:
+                time.sleep(0.02)
+        check = preflight.check_stale(kill=False)
+        listed, _, left_alone = check.detail.partition("left alone")
+        assert check.ok is False and f"pid {orphan} " in listed and "orphaned: its launcher is gone" in listed, check.detail
+        assert f"pid {healthy} " not in listed and f"pid {healthy} " in left_alone, check.detail
+    finally:
+        launcher.kill()
+        launcher.wait()
+        for pid in (healthy, orphan):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(orphan, 0)  # adopted by the test run, a subreaper
 
 
 @pytest.mark.parametrize(
@@ -168,3 +244,161 @@ def test_api_keys_are_masked_in_process_titles():
     assert procs._title(["python", "-m", "sglang.launch_server", "--api-key", "sk-1", "--admin-api-key=sk-2"], "x") == (
         "python -m sglang.launch_server --api-key *** --admin-api-key=***"
     )
+
+
+# -- an API key that would break a header is refused, a probe error never kills (item 9) --
+
+SECRET = "sk-live-0123456789abcdef"
+
+
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [
+        (SECRET + "\r", "a carriage return"),
+        (SECRET + "\n", "a newline"),
+        (SECRET + "\r\n", "a carriage return"),
+        (" " + SECRET, "a space"),
+        (SECRET[:6] + "\t" + SECRET[6:], "a tab"),
+        (SECRET + "\x00", "a control character"),
+        (SECRET + "é", "a non-ASCII character"),
+    ],
+)
+def test_an_api_key_that_is_not_one_printable_word_is_refused(key, says):
+    check = preflight.check_api_key(profile(server={"api_key_env": "K"}), {"K": key})
+    assert check.ok is False and says in check.detail and "$K" in check.detail
+    assert SECRET not in check.detail + check.hint and "tr -d" in check.hint
+
+
+def test_a_good_api_key_passes():
+    check = preflight.check_api_key(profile(server={"api_key_env": "K"}), {"K": SECRET})
+    assert check.ok is True and SECRET not in check.detail
+
+
+def test_a_probe_with_a_key_that_breaks_the_header_fails_without_raising_or_telling_the_key():
+    from sm120kit.serve.probe import probe
+
+    with socket.socket() as listener:  # a port of our own that accepts: nothing of the host's
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        result = probe("127.0.0.1", listener.getsockname()[1], 1.0, api_key=SECRET + "\r")
+    assert result.ok is False and result.status is None
+    assert SECRET not in result.detail and "\r" not in result.detail
+
+
+def test_an_exception_in_the_probe_thread_is_a_failed_probe_and_probing_goes_on(tmp_path, monkeypatch):
+    import io
+
+    from sm120kit.serve import supervisor
+    from sm120kit.serve.rundir import Record
+
+    def broken(*args, **kwargs):
+        raise RuntimeError(f"boom with {SECRET} in it")
+
+    monkeypatch.setattr(supervisor, "probe", broken)
+    server = supervisor.Server("p", ["x"], ["x"], {}, "127.0.0.1", 1, [], api_key=SECRET, api_key_env="K")
+    health = profile().health
+    sup = supervisor.Supervisor(server, Policy.from_health(health), Record(tmp_path / "run"), out=io.StringIO())
+    sup._wake_r, sup._wake_w = os.pipe()
+    run = supervisor.Run(1, None, "m")
+    sup._start_probe(run)
+    attempt, result = sup._probes.get(timeout=5)
+    deadline = time.monotonic() + 5
+    while sup._probing and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert attempt == 1 and result.ok is False and not sup._probing, "the next probe can start"
+    assert "RuntimeError" in result.detail and SECRET not in result.detail
+
+
+def test_an_error_that_mentions_the_key_is_reraised_without_it():
+    import traceback
+
+    from sm120kit.serve.command import keep_secret
+
+    with pytest.raises(RuntimeError) as info, keep_secret(SECRET, "$K"):
+        try:
+            raise OSError(f"header Bearer {SECRET}")
+        except OSError:
+            raise RuntimeError("wrapped")  # the chained one carries the key
+    text = "".join(traceback.format_exception(info.value))
+    assert SECRET not in text and "RuntimeError: wrapped" in text
+    with pytest.raises(ValueError, match="no key here"), keep_secret(SECRET, "$K"):
+        raise ValueError("no key here")
+
+
+# -- redaction where a value is written, never of serialized records (item 10) -----------
+
+def test_the_record_is_never_rewritten_by_text_substitution(tmp_path):
+    """A key that is also a piece of the record ("0") must not turn 127.0.0.1 into
+    127.$KEY.$KEY.1: state and events are written as they are; the key is kept out of
+    them where it could enter (log lines, argv), not by rewriting the JSON."""
+    import json
+
+    from sm120kit.serve.rundir import Record
+
+    record = Record(tmp_path / "run")
+    record.secrets["0"] = "$KEY"
+    record.update(host="127.0.0.1", port=30000, supervisor_pid=1030)
+    record.event("started", pid=10, argv=["--port", "30000"])
+    state = json.loads(record.state_file.read_text())
+    [event] = [json.loads(line) for line in record.events.read_text().splitlines()]
+    assert (state["host"], state["port"], state["supervisor_pid"]) == ("127.0.0.1", 30000, 1030)
+    assert (event["pid"], event["argv"]) == (10, ["--port", "30000"])
+    assert record.redact("api_key='0'") == "api_key='$KEY'"  # log lines are still redacted
+
+
+@pytest.mark.parametrize("key", ["0", "sk-1234"])
+def test_a_key_too_short_to_be_a_secret_is_refused(key):
+    check = preflight.check_api_key(profile(server={"api_key_env": "K"}), {"K": key})
+    assert check.ok is False and f"{len(key)} character" in check.detail and "at least 8" in check.detail
+    assert repr(key) not in check.detail + check.hint
+    assert preflight.check_api_key(profile(server={"api_key_env": "K"}), {"K": "sk-12345"}).ok is True
+
+
+def test_a_key_split_across_two_reads_of_the_log_is_redacted(tmp_path):
+    import io
+
+    from sm120kit.serve import supervisor
+    from sm120kit.serve.rundir import Record
+
+    server = supervisor.Server("p", ["x"], ["x"], {}, "127.0.0.1", 1, [], api_key=SECRET, api_key_env="K")
+    out = io.StringIO()
+    sup = supervisor.Supervisor(server, Policy.from_health(profile().health), Record(tmp_path / "run"), out=out)
+    log = tmp_path / "server.log"
+    log.write_text("")
+    with open(log, "rb") as fh:
+        run = supervisor.Run(1, None, "m", log=fh)
+        run.ready_at = 1.0
+        for part in (f"server_args=ServerArgs(api_key='{SECRET[:7]}", f"{SECRET[7:]}', port=1)\n"):
+            with open(log, "a") as w:
+                w.write(part)
+            sup._read_log(run)
+    assert SECRET not in out.getvalue() and "api_key='$K', port=1)" in out.getvalue()
+
+
+def test_a_log_copy_that_fails_on_a_full_disk_still_truncates_the_log(tmp_path, monkeypatch):
+    import errno
+    import shutil
+
+    def full(src, dst):
+        with open(dst, "wb") as fh:
+            fh.write(b"partial")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(shutil, "copyfile", full)
+    log = tmp_path / "server.log"
+    log.write_bytes(b"x" * 4096)
+    with pytest.raises(OSError, match="No space left"):
+        copy_truncate(log)
+    assert log.stat().st_size == 0 and not (tmp_path / "server.log.1").exists()
+
+
+def test_the_key_file_replaces_the_key_by_its_place_in_argv_not_its_text(tmp_path):
+    """A key that is also another argument ("127.0.0.1", --host's value) once had --config
+    replace --host, and left --api-key KEY in the process list."""
+    from sm120kit.profiles.render import EnvRef, Launch
+    from sm120kit.serve.command import resolve_argv
+
+    launch = Launch(["python3", "-m", "sglang.launch_server", "--host", "127.0.0.1", "--api-key", EnvRef("K")], {}, "0.5.23")
+    argv, shown, key = resolve_argv(launch, {"K": "127.0.0.1"}, tmp_path / "api-key.yaml")
+    assert argv[3:] == shown[3:] == ["--host", "127.0.0.1", "--config", str(tmp_path / "api-key.yaml")]
+    assert key == "127.0.0.1" and '"127.0.0.1"' in (tmp_path / "api-key.yaml").read_text()

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 DEFAULT_THRESHOLD = 0.10  # a doubling that gains less than this is a plateau
+MAX_LEVEL = 1_000_000  # concurrent requests in one level (the profile model's MAX_REQUESTS)
 
 # (column, key in the client's JSON line, format)
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -34,9 +35,9 @@ def parse_levels(text: str) -> list[int]:
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
         raise BadLevels("the concurrency list is empty")
-    bad = [t for t in items if not t.isdigit() or int(t) < 1]
+    bad = [t for t in items if not t.isdigit() or not 1 <= int(t) <= MAX_LEVEL]
     if bad:
-        raise BadLevels(f"{', '.join(map(repr, bad))} is not a positive whole number")
+        raise BadLevels(f"{', '.join(map(repr, bad))} is not a whole number from 1 to {MAX_LEVEL}")
     return sorted({int(t) for t in items})
 
 

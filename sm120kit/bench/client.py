@@ -76,10 +76,15 @@ def parse_url(text: str) -> str:
 
 def api_key(env_name: str | None) -> str | None:
     """The key the server wants: the profile's variable; else the one sglang's client reads."""
+    from sm120kit.serve.preflight import bad_key_char
+
     names = [env_name] if env_name else ["OPENAI_API_KEY", "API_KEY"]
     if env_name and not os.environ.get(env_name):
         raise UserError(f"the profile's server.api_key_env is {env_name}, but ${env_name} is empty or not set", f"export {env_name}=<the key>")
-    return next((os.environ[n] for n in names if os.environ.get(n)), None)
+    name = next((n for n in names if os.environ.get(n)), None)
+    if name and (bad := bad_key_char(os.environ[name])):  # it would break the header, and the error would quote it
+        raise UserError(f"${name} {bad}: a key is one word of printable ASCII", f"set it to the key alone, e.g. export {name}=\"$(tr -d ' \\t\\r\\n' < KEYFILE)\"")
+    return os.environ[name] if name else None
 
 
 def check_reachable(url: str, key: str | None = None, timeout: float = 5.0) -> None:

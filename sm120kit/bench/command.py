@@ -65,6 +65,7 @@ def served(args, profile):
     argv = [sys.executable, "-m", "sm120kit", "serve", profile.name, "--quiet"]
     argv += [a for d in args.profile_dir or [] for a in ("--profile-dir", d)] + [a for kv in args.sets or [] for a in ("--set", kv)]
     argv += ["--python", args.python] if args.python else []
+    argv += ["--no-gpu-check"] if getattr(args, "no_gpu_check", False) else []
     print(f"starting the server: {' '.join(argv[3:])} (up to {profile.health.startup_timeout_s:g} s)", flush=True)
     # its preflight and progress lines are the user's to see; a session of its own, so that
     # Ctrl-C reaches only us and the server gets one SIGTERM (and drains) from the finally below

@@ -76,10 +76,10 @@ def _ranges(indices: list[int]) -> str:
 
 
 def driver(host: Host, profile) -> Result:
-    if "error" in host.nvml:
-        status = WARN if "not installed" in host.nvml["error"] else FAIL
-        fix = "pip install 'sm120kit[gpu]'" if status == WARN else "install the NVIDIA driver (570 or newer for Blackwell), then check `nvidia-smi`"
-        return Result("driver", status, host.nvml["error"], fix)
+    if "error" in host.nvml:  # serve's preflight refuses for the same reason
+        missing = "nvidia-ml-py" in host.nvml["error"]
+        fix = "pip install nvidia-ml-py (a dependency of sm120kit)" if missing else "install the NVIDIA driver (570 or newer for Blackwell), then check `nvidia-smi`"
+        return Result("driver", FAIL, host.nvml["error"], fix)
     cuda = host.nvml.get("cuda_driver_version")
     cuda_text = f"CUDA {cuda // 1000}.{cuda % 1000 // 10}" if cuda else "CUDA unknown"
     detail = f"driver {host.nvml.get('driver_version', '?')}, {cuda_text}"

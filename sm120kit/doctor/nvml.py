@@ -1,6 +1,8 @@
 """What NVML says about the node, as one plain JSON-able document: the seam between the
-doctor's checks and the driver. `read()` asks the real NVML (nvidia-ml-py); tests and
-`sm120kit doctor --nvml FILE` replay a recorded document instead."""
+driver and everything that asks about the GPUs — doctor's checks, and serve's preflight
+and stop proof (through sm120kit.serve.gpus), so that both give one verdict. `read()`
+asks the real NVML (nvidia-ml-py, a dependency); tests and `sm120kit doctor --nvml FILE`
+replay a recorded document instead."""
 
 from __future__ import annotations
 
@@ -13,10 +15,11 @@ from sm120kit.serve.gpus import MIB, NvmlUnavailable, text, with_nvml
 TOPOLOGY = {0: "internal", 10: "single-switch", 20: "multiple-switches", 30: "host-bridge", 40: "numa-node", 50: "across-sockets"}
 
 
-def read() -> dict:
-    """The live node. {"error": ...} when nvidia-ml-py, the driver or a GPU fails: that is the answer."""
+def read(pairs: bool = True) -> dict:
+    """The live node. {"error": ...} when nvidia-ml-py, the driver or a GPU fails: that is
+    the answer. Without pairs, no P2P or topology matrix (serve's checks need neither)."""
     try:
-        return with_nvml(_read)
+        return with_nvml(lambda nv: _read(nv, pairs))
     except NvmlUnavailable as exc:
         return {"error": str(exc)}
 
@@ -28,18 +31,27 @@ def _try(fn, *args, default=None):
         return default
 
 
-def _read(nv) -> dict:
+def _processes(nv, handle) -> dict[str, int]:
+    """pid -> MiB used, compute and graphics contexts alike."""
+    found = {}
+    for getter in (nv.nvmlDeviceGetComputeRunningProcesses, nv.nvmlDeviceGetGraphicsRunningProcesses):
+        for p in _try(getter, handle, default=[]):
+            found[str(p.pid)] = (p.usedGpuMemory or 0) // MIB  # None: not reported (e.g. in a container)
+    return found
+
+
+def _read(nv, pairs: bool = True) -> dict:
     handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
     gpus = []
     for i, h in enumerate(handles):
         major, minor = nv.nvmlDeviceGetCudaComputeCapability(h)
         memory = nv.nvmlDeviceGetMemoryInfo(h)
-        processes = {str(p.pid): (p.usedGpuMemory or 0) // MIB for p in _try(nv.nvmlDeviceGetComputeRunningProcesses, h, default=[])}
+        processes = _processes(nv, h)
         persistence = _try(nv.nvmlDeviceGetPersistenceMode, h)
         gpus.append({
             "index": i, "name": text(nv.nvmlDeviceGetName(h)), "uuid": text(nv.nvmlDeviceGetUUID(h)),
             "pci_bus_id": text(nv.nvmlDeviceGetPciInfo(h).busId), "compute_capability": f"{major}.{minor}",
-            "memory_total_mib": memory.total // MIB, "memory_used_mib": memory.used // MIB,
+            "memory_total_mib": memory.total // MIB, "memory_used_mib": memory.used // MIB, "memory_free_mib": memory.free // MIB,
             "persistence_mode": None if persistence is None else persistence == 1,
             "pcie": {
                 "gen": _try(nv.nvmlDeviceGetCurrPcieLinkGeneration, h), "max_gen": _try(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
@@ -48,7 +60,7 @@ def _read(nv) -> dict:
             "processes": processes,
         })  # fmt: skip
     p2p, topology = [], []
-    for a in handles:
+    for a in handles if pairs else []:
         p2p.append([
             None if a is b else {
                 "read": _p2p(nv, a, b, "NVML_P2P_CAPS_INDEX_READ"), "write": _p2p(nv, a, b, "NVML_P2P_CAPS_INDEX_WRITE"),

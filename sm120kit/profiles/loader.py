@@ -12,16 +12,18 @@ from __future__ import annotations
 import datetime
 import difflib
 import json
+import math
 import os
 from pathlib import Path
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from sm120kit import search
 from sm120kit.errors import UserError
-from sm120kit.profiles.model import Profile
+from sm120kit.profiles.model import Profile, allowed_range
 
 try:
     import tomllib
@@ -179,6 +181,8 @@ def _show(value: Any) -> str:
     """A value as TOML would spell it (near enough), shortened."""
     if isinstance(value, (datetime.date, datetime.time)):
         return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # inf, -inf, nan: TOML's spelling (JSON would say Infinity, NaN)
     text = json.dumps(value, default=str, ensure_ascii=False)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -221,6 +225,14 @@ def _parse_set(item: str) -> tuple[Path_, Any]:
     return path, value
 
 
+def _set_label(item: str, path: Path_) -> str:
+    """How a --set is named in messages; a value for a key flag (extra_args."--api-key") is
+    not repeated: it is a secret typed where it does not belong."""
+    if path[0] == "extra_args" and "key" in str(path[-1]).lower():
+        return f"--set {'.'.join(map(str, path))}=***"
+    return f"--set {item}"
+
+
 def _nest(path: Path_, value: Any) -> dict:
     for key in reversed(path):
         value = {key: value}
@@ -248,6 +260,18 @@ def _source(path: Path_, origins: dict[Path_, str], default: str) -> str:
     return default
 
 
+def _field_at(path: Path_) -> FieldInfo | None:
+    """The pydantic field at a key path of Profile (None inside a dict, list or unknown key)."""
+    if len(path) < 1 or not all(isinstance(k, str) for k in path):
+        return None
+    try:
+        owner = _type_at(path[:-1]) if len(path) > 1 else Profile
+    except LookupError:
+        return None
+    is_model = isinstance(owner, type) and issubclass(owner, BaseModel)
+    return owner.model_fields.get(path[-1]) if is_model else None
+
+
 def _describe(err: dict, data: dict) -> tuple[Path_, str, str]:
     path = _data_path(err["loc"], data)
     if err["type"] == "extra_forbidden":
@@ -257,16 +281,24 @@ def _describe(err: dict, data: dict) -> tuple[Path_, str, str]:
             message, hint = _unknown_key(path, *exc.args)
             return path, message, hint
     where = _dotted(path) or "(profile)"
+    if err["type"] == "owned_flag":  # extra_args naming a flag that a field renders
+        return path, f"{where}: {err['msg']}", f"remove {path[-1]} from [extra_args] and set {err['ctx']['owner']}"
     if err["type"] == "value_error":
         message = err["msg"].removeprefix("Value error, ")
         return path, message if message.startswith(where + ".") else f"{where}: {message}", "fix the value"
+    field = _field_at(path)
+    allowed = allowed_range(field) if field else None
+    note = f"; allowed: {allowed}" if allowed else ""
+    value = err.get("input")
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, f"{where}: {_show(value)} is not a finite number{note}", f"write {where.rsplit('.', 1)[-1]} as a finite number"
     try:
         expected = _expected(_type_at(path))
     except LookupError:
         expected = "another value"
     if err["type"].endswith("_type") or err["type"] in ("int_from_float", "union_tag_invalid"):
-        return path, f"{where}: expected {expected}, got {_show(err['input'])}", f"write {where.rsplit('.', 1)[-1]} as {expected}"
-    return path, f"{where}: {err['msg']} (got {_show(err['input'])})", "fix the value"
+        return path, f"{where}: expected {expected}, got {_show(value)}{note}", f"write {where.rsplit('.', 1)[-1]} as {expected}"
+    return path, f"{where}: {err['msg']} (got {_show(value)}){note}", "fix the value" + (f" ({allowed})" if allowed else "")
 
 
 def _validate(name: str, source: str, data: dict, origins: dict[Path_, str]) -> Profile:
@@ -313,7 +345,7 @@ def load_profile(name: str, dirs: list[str] | None = None, sets: list[str] | Non
     for item in sets or []:
         key, value = _parse_set(item)
         data = _merge(data, _nest(key, value))
-        origins.update({key[:n]: f"--set {item}" for n in range(1, len(key) + 1)})
+        origins.update({key[:n]: _set_label(item, key) for n in range(1, len(key) + 1)})
     return _validate(name, str(path), data, origins)
 
 

@@ -10,14 +10,105 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from typing import Annotated
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import PydanticCustomError
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FLAG_NAME = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_-]*")
 ExtraValue = str | int | float | bool | None
+
+# Every number is finite and bounded: inf, nan or 1e300 seconds broke the stop path
+# (OverflowError in the deadline arithmetic). The bounds are generous, not tuning advice.
+MAX_SECONDS = 86400.0  # a day: any health budget, interval or delay
+MAX_PARALLEL = 1024  # GPUs per node, tp/pp/dp/ep sizes, nodes
+MAX_TOKENS = 100_000_000  # a context, a prefill chunk
+MAX_REQUESTS = 1_000_000  # running requests, a CUDA graph's batch
+MAX_GB = 1_000_000_000  # a GPU's memory, a checkpoint on disk: an exabyte, more than any disk
+MAX_COUNT = 1000  # probe failures in a row, restarts in a row
+STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+# Every flag that a profile field renders (render.py), with the spellings sglang also
+# accepts for it, and the field that owns it. extra_args may not set one: a second --host
+# after the loopback one, an --api-key in argv or a --config of its own would undo a guard.
+FLAG_OWNERS: dict[str, str] = {
+    **dict.fromkeys(("--model-path", "--model"), "model.path"),
+    "--served-model-name": "model.served_name",
+    "--quantization": "model.quantization",
+    "--trust-remote-code": "model.trust_remote_code",
+    "--context-length": "model.context_length",
+    **dict.fromkeys(("--tp-size", "--tensor-parallel-size"), "parallel.tp"),
+    **dict.fromkeys(("--pp-size", "--pipeline-parallel-size"), "parallel.pp"),
+    **dict.fromkeys(("--dp-size", "--data-parallel-size"), "parallel.dp"),
+    **dict.fromkeys(("--ep-size", "--expert-parallel-size", "--ep"), "parallel.ep"),
+    "--nnodes": "parallel.nnodes",
+    "--node-rank": "parallel.node_rank",
+    **dict.fromkeys(("--dist-init-addr", "--nccl-init-addr"), "parallel.dist_init_addr"),
+    "--moe-runner-backend": "engine.moe_runner_backend",
+    "--attention-backend": "engine.attention_backend",
+    "--prefill-attention-backend": "engine.prefill_attention_backend",
+    "--decode-attention-backend": "engine.decode_attention_backend",
+    **dict.fromkeys(("--dsa-prefill-backend", "--nsa-prefill-backend"), "engine.dsa_prefill_backend"),
+    **dict.fromkeys(("--dsa-decode-backend", "--nsa-decode-backend"), "engine.dsa_decode_backend"),
+    "--kv-cache-dtype": "engine.kv_cache_dtype",
+    "--fp4-gemm-backend": "engine.fp4_gemm_backend",
+    "--max-running-requests": "engine.max_running_requests",
+    "--mem-fraction-static": "engine.mem_fraction_static",
+    "--chunked-prefill-size": "engine.chunked_prefill_size",
+    **dict.fromkeys(("--disable-cuda-graph", "--cuda-graph-backend-decode", "--cuda-graph-backend-prefill"), "engine.cuda_graphs"),
+    **dict.fromkeys(("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"), "engine.cuda_graph_max_bs"),
+    "--disable-radix-cache": "engine.radix_cache",
+    "--disable-shared-experts-fusion": "engine.disable_shared_experts_fusion",
+    "--disable-flashinfer-autotune": "engine.flashinfer_autotune",
+    "--host": "server.host",
+    "--port": "server.port",
+    **dict.fromkeys(("--api-key", "--config"), "server.api_key_env"),  # the key reaches sglang in sm120kit's own --config file
+}
+
+
+def owned_flag_problem(flag: str, owner: str) -> str:
+    if owner == "server.api_key_env":
+        return f"{flag} carries the API key, which sm120kit passes from the variable that server.api_key_env names (never in argv): set {owner} instead"
+    return f"{flag} is rendered from {owner}: set {owner} instead"
+
+
+def _not_owned(flag: str) -> str:
+    if owner := FLAG_OWNERS.get(flag):
+        raise PydanticCustomError("owned_flag", owned_flag_problem(flag, owner), {"owner": owner})
+    return flag
+
+
+FlagKey = Annotated[str, AfterValidator(_not_owned)]
+
+
+def allowed_range(field: FieldInfo) -> str | None:
+    """The bounds of a number field in words: "an integer from 1 to 1024", "a number
+    above 0 and at most 86400"; None for a field without bounds."""
+    bound = {k: getattr(m, k) for m in field.metadata for k in ("gt", "ge", "lt", "le") if getattr(m, k, None) is not None}
+    if not bound:
+        return None
+    number = "an integer" if int in (field.annotation, *getattr(field.annotation, "__args__", ())) else "a number"
+    if "ge" in bound and "le" in bound:
+        return f"{number} from {_plain(bound['ge'])} to {_plain(bound['le'])}"
+    low = f"above {_plain(bound['gt'])}" if "gt" in bound else f"at least {_plain(bound['ge'])}" if "ge" in bound else ""
+    high = f"below {_plain(bound['lt'])}" if "lt" in bound else f"at most {_plain(bound['le'])}" if "le" in bound else ""
+    return f"{number} " + " and ".join(w for w in (low, high) if w)
+
+
+def _plain(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
 
 def is_loopback(host: str) -> bool:
@@ -31,35 +122,35 @@ def is_loopback(host: str) -> bool:
 
 
 class Node(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = STRICT
 
-    gpus: int = Field(1, ge=1, description="GPUs on each node that the server uses.")
+    gpus: int = Field(1, ge=1, le=MAX_PARALLEL, description="GPUs on each node that the server uses.")
     compute_capability: str | None = Field(
         None, pattern=r"^\d+\.\d+$", description='Compute capability the profile is meant for, e.g. "12.0" (SM120).'
     )
-    gpu_memory_gb: int | None = Field(None, ge=1, description="Memory of each GPU in GB that the profile is sized for, e.g. 96.")
+    gpu_memory_gb: int | None = Field(None, ge=1, le=MAX_GB, description="Memory of each GPU in GB that the profile is sized for, e.g. 96.")
 
 
 class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = STRICT
 
     path: str | None = Field(None, description="Model directory or Hugging Face repo id (--model-path).")
     served_name: str | None = Field(None, description="Name clients use in requests (--served-model-name).")
     quantization: str | None = Field(None, description='Quantization method, e.g. "modelopt_fp4" (--quantization).')
     trust_remote_code: bool = Field(False, description="Run the model repository's own Python code (--trust-remote-code).")
-    context_length: int | None = Field(None, ge=1, description="Maximum context length in tokens (--context-length).")
-    size_gb: int | None = Field(None, ge=1, description="The checkpoint's size on disk in GB (doctor checks the free space for it).")
+    context_length: int | None = Field(None, ge=1, le=MAX_TOKENS, description="Maximum context length in tokens (--context-length).")
+    size_gb: int | None = Field(None, ge=1, le=MAX_GB, description="The checkpoint's size on disk in GB (doctor checks the free space for it).")
 
 
 class Parallel(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = STRICT
 
-    tp: int = Field(1, ge=1, description="Tensor parallel size (--tp-size).")
-    pp: int = Field(1, ge=1, description="Pipeline parallel size (--pp-size).")
-    dp: int = Field(1, ge=1, description="Data parallel size (--dp-size).")
-    ep: int | None = Field(None, ge=1, description="Expert parallel size (--ep-size); unset: sglang's default.")
-    nnodes: int = Field(1, ge=1, description="Number of nodes the server spans (--nnodes).")
-    node_rank: int = Field(0, ge=0, description="Rank of this node, 0 .. nnodes-1 (--node-rank).")
+    tp: int = Field(1, ge=1, le=MAX_PARALLEL, description="Tensor parallel size (--tp-size).")
+    pp: int = Field(1, ge=1, le=MAX_PARALLEL, description="Pipeline parallel size (--pp-size).")
+    dp: int = Field(1, ge=1, le=MAX_PARALLEL, description="Data parallel size (--dp-size).")
+    ep: int | None = Field(None, ge=1, le=MAX_PARALLEL, description="Expert parallel size (--ep-size); unset: sglang's default.")
+    nnodes: int = Field(1, ge=1, le=MAX_PARALLEL, description="Number of nodes the server spans (--nnodes).")
+    node_rank: int = Field(0, ge=0, le=MAX_PARALLEL - 1, description="Rank of this node, 0 .. nnodes-1 (--node-rank).")
     dist_init_addr: str | None = Field(None, description='host:port of rank 0 for a multi-node server, e.g. "10.0.0.1:5000" (--dist-init-addr).')
 
     @model_validator(mode="after")
@@ -70,7 +161,7 @@ class Parallel(BaseModel):
 
 
 class Engine(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = STRICT
 
     moe_runner_backend: str | None = Field(None, description='MoE runner backend, e.g. "flashinfer_cutlass" (--moe-runner-backend).')
     attention_backend: str | None = Field(None, description='Attention backend, e.g. "flashinfer" (--attention-backend).')
@@ -81,11 +172,11 @@ class Engine(BaseModel):
     kv_cache_dtype: str | None = Field(None, description='KV cache data type, e.g. "auto", "fp8_e4m3", "bf16" (--kv-cache-dtype).')
     fp4_gemm_backend: str | None = Field(None, description="FP4 GEMM backend (--fp4-gemm-backend).")
     cuda_graphs: bool = Field(True, description="Capture CUDA graphs; false disables them in the spelling the installed sglang wants.")
-    cuda_graph_max_bs: int | None = Field(None, ge=1, description="Largest batch size captured in a CUDA graph (--cuda-graph-max-bs).")
+    cuda_graph_max_bs: int | None = Field(None, ge=1, le=MAX_REQUESTS, description="Largest batch size captured in a CUDA graph (--cuda-graph-max-bs).")
     radix_cache: bool = Field(True, description="Prefix (radix) cache; false passes --disable-radix-cache.")
-    max_running_requests: int | None = Field(None, ge=1, description="Maximum concurrent requests (--max-running-requests).")
+    max_running_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS, description="Maximum concurrent requests (--max-running-requests).")
     mem_fraction_static: float | None = Field(None, gt=0, lt=1, description="Fraction of GPU memory for weights and KV cache, 0 < x < 1 (--mem-fraction-static).")
-    chunked_prefill_size: int | None = Field(None, description="Tokens per prefill chunk; -1 disables chunked prefill (--chunked-prefill-size).")
+    chunked_prefill_size: int | None = Field(None, ge=-1, le=MAX_TOKENS, description="Tokens per prefill chunk; -1 disables chunked prefill (--chunked-prefill-size).")
     disable_shared_experts_fusion: bool = Field(False, description="Pass --disable-shared-experts-fusion.")
     flashinfer_autotune: bool = Field(True, description="FlashInfer autotuning at startup; false passes --disable-flashinfer-autotune.")
     insist_kv_cache_dtype: bool = Field(
@@ -95,13 +186,13 @@ class Engine(BaseModel):
     @field_validator("chunked_prefill_size")
     @classmethod
     def _chunk(cls, value: int | None) -> int | None:
-        if value is not None and value != -1 and value < 1:
+        if value == 0:  # the bounds say -1 .. MAX_TOKENS; 0 is neither a size nor "off"
             raise ValueError("must be a positive number of tokens, or -1 to disable chunked prefill")
         return value
 
 
 class Server(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = STRICT
 
     host: str = Field("127.0.0.1", min_length=1, description="Address to bind (--host). Anything but loopback needs api_key_env.")
     port: int = Field(30000, ge=1, le=65535, description="Port to bind (--port).")
@@ -130,17 +221,17 @@ class Server(BaseModel):
 
 
 class Health(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = STRICT
 
-    startup_timeout_s: float = Field(1800.0, gt=0, description="Seconds to wait until the server generates (a 440 GB load takes a while).")
-    probe_interval_s: float = Field(10.0, gt=0, description="Seconds between liveness probes.")
-    probe_timeout_s: float = Field(20.0, gt=0, description="Seconds one probe may take.")
-    failures_before_restart: int = Field(3, ge=1, description="Consecutive failed probes before the server is restarted.")
-    max_restarts: int = Field(5, ge=0, description="Restarts before giving up (crash-loop limit).")
-    backoff_initial_s: float = Field(5.0, gt=0, description="First delay before a restart; doubles each time.")
-    backoff_max_s: float = Field(300.0, gt=0, description="Longest delay between restarts.")
-    stable_after_s: float = Field(600.0, gt=0, description="A run that stayed ready this long resets the crash-loop count and the backoff.")
-    stop_timeout_s: float = Field(60.0, gt=0, description="Seconds between SIGTERM to the server's processes and SIGKILL (sglang's own drain has no deadline).")
+    startup_timeout_s: float = Field(1800.0, gt=0, le=MAX_SECONDS, description="Seconds to wait until the server generates (a 440 GB load takes a while).")
+    probe_interval_s: float = Field(10.0, gt=0, le=MAX_SECONDS, description="Seconds between liveness probes.")
+    probe_timeout_s: float = Field(20.0, gt=0, le=MAX_SECONDS, description="Seconds one probe may take.")
+    failures_before_restart: int = Field(3, ge=1, le=MAX_COUNT, description="Consecutive failed probes before the server is restarted.")
+    max_restarts: int = Field(5, ge=0, le=MAX_COUNT, description="Restarts before giving up (crash-loop limit).")
+    backoff_initial_s: float = Field(5.0, gt=0, le=MAX_SECONDS, description="First delay before a restart; doubles each time.")
+    backoff_max_s: float = Field(300.0, gt=0, le=MAX_SECONDS, description="Longest delay between restarts.")
+    stable_after_s: float = Field(600.0, gt=0, le=MAX_SECONDS, description="A run that stayed ready this long resets the crash-loop count and the backoff.")
+    stop_timeout_s: float = Field(60.0, gt=0, le=MAX_SECONDS, description="Seconds between SIGTERM to the server's processes and SIGKILL (sglang's own drain has no deadline).")
 
     @model_validator(mode="after")
     def _backoff_order(self) -> Health:
@@ -150,7 +241,7 @@ class Health(BaseModel):
 
 
 class Profile(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, title="sm120kit launch profile")
+    model_config = ConfigDict(**STRICT, title="sm120kit launch profile")
 
     description: str = Field("", description="One line shown in the profile listing.")
     extends: str | list[str] | None = Field(
@@ -165,7 +256,7 @@ class Profile(BaseModel):
     server: Server = Field(default_factory=Server, description="Where the HTTP server listens, and its API key.")
     env: dict[str, str] = Field(default_factory=dict, description='Environment for the server process, e.g. NCCL_P2P_LEVEL = "SYS".')
     health: Health = Field(default_factory=Health, description="Startup budget, liveness probes and restart policy.")
-    extra_args: dict[str, ExtraValue] = Field(
+    extra_args: dict[FlagKey, ExtraValue] = Field(
         default_factory=dict,
         description='Other sglang flags, checked against the installed release: "--flag" = value (true: bare flag; false: omitted).',
     )
@@ -192,7 +283,7 @@ class Profile(BaseModel):
 
     @field_validator("extra_args")
     @classmethod
-    def _flag_names(cls, value: dict[str, ExtraValue]) -> dict[str, ExtraValue]:
+    def _flag_names(cls, value: dict[FlagKey, ExtraValue]) -> dict[FlagKey, ExtraValue]:
         bad = [k for k in value if not FLAG_NAME.fullmatch(k)]
         if bad:
             raise ValueError(f"{', '.join(map(repr, bad))}: keys must be flags that start with \"--\", e.g. \"--enable-metrics\"")

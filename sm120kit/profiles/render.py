@@ -15,7 +15,7 @@ from packaging.version import Version
 
 from sm120kit.errors import UserError
 from sm120kit.profiles.flags import FlagSchema
-from sm120kit.profiles.model import Profile, is_loopback
+from sm120kit.profiles.model import FLAG_OWNERS, Profile, is_loopback
 
 BARE = object()  # a flag without a value
 DSA_BACKENDS = {"nsa", "dsa"}
@@ -117,7 +117,48 @@ def check_version(profile: Profile, version: str) -> list[str]:
     return [f"profile {profile.name} is proven on sglang {profile.sglang}; installed {version} is not in that range"]
 
 
+def gpus_used(profile: Profile) -> tuple[int, str]:
+    """(GPUs the server uses over all its nodes, how that is counted): tp x pp, times dp
+    unless dp-attention runs the dp ranks inside the tp group (sglang's own rule)."""
+    p = profile.parallel
+    if profile.extra_args.get("--enable-dp-attention"):
+        return p.tp * p.pp, "parallel.tp × pp"
+    return p.tp * p.pp * p.dp, "parallel.tp × pp × dp"
+
+
+def unservable(profile: Profile) -> list[str]:
+    """Why this profile cannot start a server as it stands: a node profile such as
+    sm120-base names no model (sglang's parser rejects a command without --model-path),
+    and the parallel sizes must use the GPUs that the node section promises."""
+    problems = []
+    if not profile.model.path:
+        problems.append("model.path is not set: the profile names no model (a node profile is meant to be extended)")
+    total, counted = gpus_used(profile)
+    nodes, gpus = profile.parallel.nnodes, profile.node.gpus
+    if nodes == 1 and total != gpus:
+        problems.append(f"{counted} = {total} GPU{'s' * (total != 1)}, but node.gpus = {gpus}")
+    elif nodes > 1 and total != gpus * nodes:
+        problems.append(f"{counted} = {total} GPUs over parallel.nnodes = {nodes} is {total / nodes:g} per node, but node.gpus = {gpus}")
+    return problems
+
+
+def require_servable(profile: Profile) -> None:
+    """A UserError naming what is missing when the profile cannot serve (serve, bench, profile check)."""
+    problems = unservable(profile)
+    if not problems:
+        return
+    if not profile.model.path:
+        hint = (
+            f'write a profile that extends it (extends = "{profile.name}", then [model] path = "...", [parallel] tp = N) '
+            "and serve that, e.g. `sm120kit profile show glm5-nvfp4`; or add --set model.path=DIR --set parallel.tp=N"
+        )
+    else:
+        hint = "make the parallel sizes use node.gpus GPUs per node, or set node.gpus to what the server uses (--set works too)"
+    raise UserError(f"profile {profile.name} ({profile.source}) cannot serve:\n  " + "\n  ".join(problems), hint)
+
+
 def render(profile: Profile, schema: FlagSchema, python: str = "python3") -> Launch:
+    require_servable(profile)
     warnings = check_version(profile, schema.version)
     out = _Argv(schema, schema.version)
     m, p, e, s = profile.model, profile.parallel, profile.engine, profile.server
@@ -176,7 +217,13 @@ def render(profile: Profile, schema: FlagSchema, python: str = "python3") -> Lau
     elif not is_loopback(s.host):
         warnings.append(f"server.host = {s.host}: a public bind WITHOUT an API key (allow_public_without_key is set)")
 
+    owned = _owned_flags(schema)
     for flag, value in profile.extra_args.items():
+        spec = schema.get(flag)
+        if spec is not None and spec.name in owned:  # another spelling of a flag that a field sets
+            owner = owned[spec.name]
+            out.errors.append(f"extra_args.{flag!r}: sglang {schema.version} reads it as {spec.name}, which {owner} sets: set {owner} instead")
+            continue
         if value is None or value is False:
             continue
         out.add(f"extra_args.{flag!r}", flag, BARE if value is True else value)
@@ -187,6 +234,12 @@ def render(profile: Profile, schema: FlagSchema, python: str = "python3") -> Lau
             f"fix the profile or override with --set; `sm120kit profile show {profile.name}` prints what it resolved to",
         )
     return Launch([python, "-m", "sglang.launch_server", *out.argv], dict(profile.env), schema.version, warnings + out.warnings)
+
+
+def _owned_flags(schema: FlagSchema) -> dict[str, str]:
+    """The installed release's canonical name of every flag a field owns -> that field: an
+    alias the release added (not in FLAG_OWNERS) still selects the owned flag."""
+    return {spec.name: owner for spelling, owner in FLAG_OWNERS.items() if (spec := schema.get(spelling))}
 
 
 def _cuda_graphs(out: _Argv, e) -> None:

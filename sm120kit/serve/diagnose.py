@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
+from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import BinaryIO
 
 try:
     import tomllib
@@ -13,6 +16,9 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 SIGNATURES = Path(__file__).with_name("signatures.toml")
+MAX_TAIL_LINES = 100_000  # `diagnose --tail N`: a crash is in the last few hundred lines
+TAIL_BYTES = 16 << 20  # at most this much of a log's end is read: a 1 GB log is not read whole
+BLOCK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,42 @@ def signatures(path: Path = SIGNATURES) -> tuple[Signature, ...]:
         Signature(s["id"], re.compile(s["pattern"]), s["title"], s["advice"], s.get("lookup", {}))
         for s in doc["signature"]
     )
+
+
+def read_tail(source: BinaryIO, lines: int, max_bytes: int = TAIL_BYTES) -> str:
+    """The last `lines` lines of a log, or its last max_bytes where they are longer: read
+    backwards from the end of a file, or streamed through a bounded window from a pipe."""
+    if source.seekable():
+        data = _tail_of_file(source, lines, max_bytes)
+    else:
+        data = _tail_of_stream(source, max_bytes)
+    return data.decode("utf-8", errors="replace")
+
+
+def _tail_of_file(fh: BinaryIO, lines: int, max_bytes: int) -> bytes:
+    pos = fh.seek(0, os.SEEK_END)
+    chunks: list[bytes] = []
+    size = newlines = 0
+    while pos > 0 and size < max_bytes and newlines <= lines:  # one newline more: the first line whole
+        step = min(BLOCK, pos, max_bytes - size)
+        pos -= step
+        fh.seek(pos)
+        chunk = fh.read(step)
+        chunks.append(chunk)
+        size += len(chunk)
+        newlines += chunk.count(b"\n")
+    return b"".join(reversed(chunks))
+
+
+def _tail_of_stream(stream: BinaryIO, max_bytes: int) -> bytes:
+    window: deque[bytes] = deque()
+    size = 0
+    while chunk := stream.read(BLOCK):
+        window.append(chunk)
+        size += len(chunk)
+        while size - len(window[0]) >= max_bytes:
+            size -= len(window.popleft())
+    return b"".join(window)[-max_bytes:]
 
 
 def diagnose(log: str, tail_lines: int = 400) -> list[Diagnosis]:

@@ -1,5 +1,6 @@
-"""The node's GPUs as NVML sees them (nvidia-ml-py, the `gpu` extra): count, compute
-capability, memory, and the processes that hold memory on each. Read-only."""
+"""The node's GPUs as NVML sees them (nvidia-ml-py, a dependency): count, compute
+capability, memory, and the processes that hold memory on each. Read-only. They are read
+through doctor's NVML document (sm120kit.doctor.nvml): one reader, one verdict."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ class Gpu:
 
 
 class NvmlUnavailable(Exception):
-    """nvidia-ml-py is not installed, or NVML (the driver) cannot be loaded."""
+    """NVML (the driver) cannot be loaded, or nvidia-ml-py is missing from a broken install."""
 
 
 def with_nvml(read: Callable):
@@ -31,7 +32,7 @@ def with_nvml(read: Callable):
     try:
         import pynvml
     except ImportError:
-        raise NvmlUnavailable("nvidia-ml-py is not installed (pip install 'sm120kit[gpu]')") from None
+        raise NvmlUnavailable("nvidia-ml-py, a dependency of sm120kit, is missing from this environment (pip install nvidia-ml-py)") from None
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
@@ -50,25 +51,23 @@ def text(value) -> str:
 
 
 def read_gpus() -> list[Gpu]:
-    """Every GPU on the node, in NVML order. Raises NvmlUnavailable."""
-    return with_nvml(_read)
+    """Every GPU on the node, in NVML order, as `sm120kit doctor` reads them. Raises
+    NvmlUnavailable."""
+    from sm120kit.doctor import nvml
+
+    return from_document(nvml.read(pairs=False))
 
 
-def _read(nv) -> list[Gpu]:
+def from_document(doc: dict) -> list[Gpu]:
+    """The GPUs of an NVML document (sm120kit.doctor.nvml); its error as NvmlUnavailable."""
+    if "error" in doc:
+        raise NvmlUnavailable(doc["error"])
     gpus = []
-    for index in range(nv.nvmlDeviceGetCount()):
-        handle = nv.nvmlDeviceGetHandleByIndex(index)
-        major, minor = nv.nvmlDeviceGetCudaComputeCapability(handle)
-        memory = nv.nvmlDeviceGetMemoryInfo(handle)
-        processes = {}
-        for getter in (nv.nvmlDeviceGetComputeRunningProcesses, nv.nvmlDeviceGetGraphicsRunningProcesses):
-            try:
-                for p in getter(handle):
-                    processes[p.pid] = p.usedGpuMemory or 0
-            except nv.NVMLError:
-                pass
-        gpus.append(Gpu(index, text(nv.nvmlDeviceGetName(handle)), text(nv.nvmlDeviceGetUUID(handle)),
-                        f"{major}.{minor}", memory.total, memory.free, processes))  # fmt: skip
+    for g in doc.get("gpus", []):
+        total = g["memory_total_mib"] * MIB
+        free = g.get("memory_free_mib", g["memory_total_mib"] - g["memory_used_mib"]) * MIB
+        processes = {int(pid): mib * MIB for pid, mib in g.get("processes", {}).items()}
+        gpus.append(Gpu(g["index"], g["name"], g["uuid"], g["compute_capability"], total, free, processes))
     return gpus
 
 

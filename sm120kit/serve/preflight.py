@@ -93,8 +93,11 @@ def check_gpus(profile: Profile, env: dict[str, str]) -> Check:
     need = profile.node.gpus
     try:
         found = gpu_info.visible(gpu_info.read_gpus(), env)
-    except gpu_info.NvmlUnavailable as exc:
-        return Check("gpus", None, f"not checked: {exc}", "pip install 'sm120kit[gpu]' on the GPU node")
+    except gpu_info.NvmlUnavailable as exc:  # doctor fails the node for the same reason: so does the preflight
+        return Check(
+            "gpus", False, f"cannot tell whether the {need} GPU{'s' * (need != 1)} the profile needs {'are' if need != 1 else 'is'} here: {exc}",
+            "install the NVIDIA driver (570 or newer for Blackwell) and check `nvidia-smi`; or --no-gpu-check to start anyway",
+        )  # fmt: skip
     problems = []
     if len(found) < need:
         problems.append(f"the profile needs {need} GPUs; {len(found)} visible")
@@ -119,10 +122,10 @@ def check_stale(kill: bool, timeout: float = STALE_STOP_TIMEOUT_S) -> Check:
     subreaper). A healthy server someone else started is named and left alone."""
     from sm120kit.serve.rundir import runs
 
-    live = {r.get("marker") for r in runs() if r["running"]}  # a profile sm120kit serves right now
-    found = [p for p in procs.scan(marker="", sglang=True) if p.marker is None or p.marker not in live]
-    pids = {p.pid for p in found}
-    stale = [p for p in found if p.marker is not None or p.ppid <= 1 or (p.title.startswith("sglang::") and p.ppid not in pids)]
+    serving = [r for r in runs() if r["running"]]  # profiles sm120kit serves right now
+    live, supervisors = {r["marker"] for r in serving if r.get("marker")}, {r.get("supervisor_pid") for r in serving}
+    found = [p for p in procs.scan(marker="", sglang=True) if (p.marker is None or p.marker not in live) and not procs.ancestors(p.pid) & supervisors]
+    stale = [p for p in found if p.marker is not None or p.orphan]
     others = [p for p in found if p not in stale]
     note = f"; another sglang server, not started by sm120kit, left alone: {'; '.join(p.line() for p in others)}" if others else ""
     if not stale:
@@ -136,12 +139,41 @@ def check_stale(kill: bool, timeout: float = STALE_STOP_TIMEOUT_S) -> Check:
     return Check("stale processes", True, f"stopped {len(stale)}: {listing}{note}")
 
 
+MIN_KEY_LENGTH = 8  # shorter is no secret, and its text would turn up all over the log that sm120kit redacts
+KEY_CHAR_NAMES = {"\r": "a carriage return", "\n": "a newline", " ": "a space", "\t": "a tab"}
+
+
+def bad_key_char(key: str) -> str | None:
+    """Where and what the first character is that has no place in a bearer token (one word
+    of printable ASCII): "ends with a carriage return". A key file written on another OS
+    ends in \\r\\n, and a header with it made the probe raise, the key in its message."""
+    for i, char in enumerate(key):
+        if "!" <= char <= "~":
+            continue
+        what = KEY_CHAR_NAMES.get(char) or ("a non-ASCII character" if ord(char) > 0x7F else "a control character")
+        where = "starts with" if i == 0 else "ends with" if i == len(key) - 1 or key[i:].strip() == "" else "contains"
+        return f"{where} {what}"
+    return None
+
+
 def check_api_key(profile: Profile, env: dict[str, str]) -> Check | None:
     name = profile.server.api_key_env
     if not name:
         return None
-    if not env.get(name):
+    key = env.get(name)
+    if not key:
         return Check("api key", False, f"server.api_key_env = {name}, but ${name} is empty or not set", f"export {name}=<the key> before `sm120kit serve`")
+    if len(key) < MIN_KEY_LENGTH:
+        return Check(
+            "api key", False, f"${name} is {len(key)} character{'s' * (len(key) != 1)} long: a key needs at least {MIN_KEY_LENGTH} to be a secret",
+            f"use a long random key, e.g. export {name}=\"$(openssl rand -hex 24)\"",
+        )  # fmt: skip
+    if bad := bad_key_char(key):
+        return Check(
+            "api key", False, f"${name} {bad}" + (" (a key file written on another OS?)" if "new" in bad or "return" in bad else "")
+            + ": a key is one word of printable ASCII",
+            f"set it to the key alone, e.g. export {name}=\"$(tr -d ' \\t\\r\\n' < KEYFILE)\"",
+        )  # fmt: skip
     return Check("api key", True, f"taken from ${name} (never printed)")
 
 

@@ -1,12 +1,15 @@
-"""The server's processes: start them in a session of their own, find them again (ours by
-an environment marker, stale sglang ones by title), stop them with a deadline and prove
-that none is left.
+"""The server's processes: start them in a session of their own, find them again (ours as
+the supervisor's descendants, stale sglang ones by title), stop them with a deadline and
+prove that none is left.
 
 sglang's schedulers can leave the launcher's tree (re-parented to PID 1 after a crash,
-sglang #23627, PR #31645) and then hold ~90 GB per GPU. Three things keep them in reach:
-every process of a run inherits SM120KIT_SERVE_ID; the supervisor is a child subreaper, so
-orphans are re-parented to it, not to PID 1; and the launcher dies with the supervisor
-(PR_SET_PDEATHSIG), so a killed supervisor leaves only what escaped on purpose.
+sglang #23627, PR #31645) and then hold ~90 GB per GPU. What keeps them in reach: the
+supervisor is a child subreaper, so orphans of the run are re-parented to it, not to PID 1,
+and stay its descendants; the tree is sampled while the run lives (a Tree), so a process
+that left it is still known by pid and start time; and the launcher dies with the
+supervisor (PR_SET_PDEATHSIG), so a killed supervisor leaves only what escaped on purpose.
+The SM120KIT_SERVE_ID marker in the environment is only a hint for a later preflight: the
+schedulers call setproctitle, which writes over their /proc/PID/environ.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from dataclasses import dataclass, field
 import psutil
 
 MARKER = "SM120KIT_SERVE_ID"
+# Test-only: a pid whose descendants are all that scans look at. The test suite sets it to
+# itself (a child subreaper, so the orphans it leaves stay its descendants): an sglang
+# process of the host's must not change a test's result.
+SCOPE = "SM120KIT_PROCESS_SCOPE"
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 GROUP_GRACE_S = 2.0
@@ -91,13 +98,14 @@ class Proc:
     started: float
     user: str
     marker: str | None = None  # the run it belongs to (SM120KIT_SERVE_ID), if readable
+    orphan: bool = False  # an sglang child whose launcher is gone
 
     def as_json(self) -> dict:
-        return {"pid": self.pid, "title": self.title, "ppid": self.ppid, "started": self.started, "user": self.user, "run": self.marker}
+        return {"pid": self.pid, "title": self.title, "ppid": self.ppid, "started": self.started, "user": self.user, "run": self.marker, "orphan": self.orphan}
 
     def line(self) -> str:
         age = _age(time.time() - self.started)
-        orphan = ", orphaned (parent is PID 1)" if self.ppid == 1 else ""
+        orphan = ", orphaned: its launcher is gone" if self.orphan else ""
         return f"pid {self.pid} {self.title!r} (user {self.user}, up {age}{orphan})"
 
 
@@ -123,7 +131,7 @@ def _title(cmdline: list[str], name: str) -> str:
             words[i + 1] = "***"
         elif word.startswith(tuple(f + "=" for f in SECRET_FLAGS)):
             words[i] = word.split("=", 1)[0] + "=***"
-    return " ".join(words)[:120]
+    return " ".join(w for w in words if w)[:120]  # setproctitle pads argv's memory: empty words
 
 
 def _is_sglang(cmdline: list[str], name: str) -> bool:
@@ -131,12 +139,31 @@ def _is_sglang(cmdline: list[str], name: str) -> bool:
     if first.startswith("sglang::") or name.startswith("sglang::"):
         return True  # sglang's setproctitle names: sglang::scheduler_TP0, sglang::detokenizer, ...
     joined = " ".join(cmdline[:4])
-    return any(word in joined for word in SGLANG_CMDLINE) or cmdline[1:3] == ["sglang", "serve"]
+    console_script = [os.path.basename(w) for w in cmdline[1:3]] == ["sglang", "serve"]  # python .../bin/sglang serve
+    return any(word in joined for word in SGLANG_CMDLINE) or console_script
 
 
 def _mine_to_skip() -> set[int]:
     me = psutil.Process()
     return {me.pid, *(p.pid for p in me.parents())}
+
+
+def _in_scope(every: list[psutil.Process]) -> list[psutil.Process]:
+    """The processes under $SM120KIT_PROCESS_SCOPE (all of them when it is not set)."""
+    root = os.environ.get(SCOPE, "")
+    if not root.isdigit():
+        return every
+    parent = {p.info["pid"]: p.info["ppid"] for p in every}
+    inside = {int(root)}
+
+    def under(pid: int) -> bool:
+        seen = set()
+        while pid not in inside and pid in parent and pid not in seen:
+            seen.add(pid)
+            pid = parent[pid]
+        return pid in inside
+
+    return [p for p in every if under(p.info["pid"])]
 
 
 def scan(marker: str | None = None, sglang: bool = False) -> list[Proc]:
@@ -146,7 +173,9 @@ def scan(marker: str | None = None, sglang: bool = False) -> list[Proc]:
     skip = _mine_to_skip()
     found = []
     attrs = ["pid", "ppid", "name", "cmdline", "create_time", "username", "status"]
-    for proc in psutil.process_iter(attrs):
+    every = list(psutil.process_iter(attrs))
+    by_pid = {p.info["pid"]: p.info for p in every}
+    for proc in _in_scope(every):
         info = proc.info
         if info["pid"] in skip or info["status"] == psutil.STATUS_ZOMBIE:
             continue
@@ -154,8 +183,26 @@ def scan(marker: str | None = None, sglang: bool = False) -> list[Proc]:
         named = sglang and _is_sglang(cmdline, name)
         value = _marker_of(proc) if named or marker is not None else None
         if named or (value is not None and marker is not None and marker in ("", value)):
-            found.append(Proc(info["pid"], _title(cmdline, name), info["ppid"] or 0, info["create_time"] or 0.0, info["username"] or "?", value))
+            orphan = named and _orphaned(info, by_pid.get(info["ppid"]))
+            found.append(Proc(info["pid"], _title(cmdline, name), info["ppid"] or 0, info["create_time"] or 0.0, info["username"] or "?", value, orphan))
     return found
+
+
+def _orphaned(child: dict, parent: dict | None) -> bool:
+    """Whether an sglang child (`sglang::scheduler_TP0`, its setproctitle name) lost its
+    launcher: it was re-parented to PID 1 or to a subreaper, which is neither an sglang
+    process nor in the child's process group (the launcher's children share its group).
+    A launcher itself is never orphaned, whoever its parent is."""
+    if not (child["cmdline"] or [""])[0].startswith("sglang::") and not (child["name"] or "").startswith("sglang::"):
+        return False
+    if parent is None:
+        return True
+    if _is_sglang(parent["cmdline"] or [], parent["name"] or ""):
+        return False  # its launcher (or sglang's data-parallel controller)
+    try:
+        return os.getpgid(child["pid"]) != os.getpgid(parent["pid"])
+    except OSError:  # one of them is gone: look again next time
+        return False
 
 
 def _marker_of(proc: psutil.Process) -> str | None:
@@ -163,6 +210,13 @@ def _marker_of(proc: psutil.Process) -> str | None:
         return proc.environ().get(MARKER)
     except (psutil.Error, OSError):
         return None
+
+
+def ancestors(pid: int) -> set[int]:
+    try:
+        return {p.pid for p in psutil.Process(pid).parents()}
+    except psutil.Error:
+        return set()
 
 
 def group_members(pgid: int) -> list[int]:
@@ -224,10 +278,43 @@ def _wait(pids: set[int], until: float, hurry, tick: float) -> set[int]:
     return alive
 
 
-def members(pgid: int | None, marker: str | None) -> set[int]:
-    """The live processes of a run: its process group, and whatever carries its marker."""
+class Tree:
+    """The processes of this supervisor's runs: its descendants now (orphans of a run are
+    re-parented to it, a subreaper) and every one seen in an earlier sample, by pid and
+    start time (a pid reused since by another process is not ours)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, float] = {}
+
+    def sample(self) -> set[int]:
+        """The live descendants, remembered."""
+        now = set()
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    self.seen[p.pid] = p.create_time()
+                    now.add(p.pid)
+            except psutil.Error:
+                pass
+        return now
+
+    def alive(self) -> set[int]:
+        """Every live process that is or was in the tree."""
+        found = self.sample()
+        for pid, started in self.seen.items():
+            try:
+                p = psutil.Process(pid)
+                if p.create_time() == started and p.status() != psutil.STATUS_ZOMBIE:
+                    found.add(pid)
+            except psutil.Error:
+                pass
+        return found
+
+
+def members(pgid: int | None, tree: Tree | None) -> set[int]:
+    """The live processes of a run: its process group, and its tree as sampled."""
     pids = set(group_members(pgid)) if pgid else set()
-    return pids | {p.pid for p in scan(marker)} if marker else pids
+    return pids | tree.alive() if tree else pids
 
 
 def describe(pids: set[int]) -> list[Proc]:
@@ -242,17 +329,17 @@ def describe(pids: set[int]) -> list[Proc]:
     return found
 
 
-def stop(pgid: int | None, marker: str | None, timeout: float, hurry=lambda: False, tick: float = 0.02, pids: set[int] = frozenset(), drain: bool = False) -> StopReport:
-    """Stop a run: its process group, every process carrying `marker` (those that left the
-    group) and `pids`. SIGTERM, up to `timeout` (or until hurry() says so), SIGKILL, then
-    one more look for a process started meanwhile. Reaps as it goes.
+def stop(pgid: int | None, tree: Tree | None, timeout: float, hurry=lambda: False, tick: float = 0.02, pids: set[int] = frozenset(), drain: bool = False) -> StopReport:
+    """Stop a run: its process group, its tree (those that left the group) and `pids`.
+    SIGTERM, up to `timeout` (or until hurry() says so), SIGKILL, then one more look for a
+    process started or orphaned meanwhile. Reaps as it goes.
 
     With drain, the group leader (sglang's launcher) gets SIGTERM alone first: it drains
     in-flight requests and then kills its own tree. Its schedulers have no SIGTERM handler,
     so signalling them at once would cut the drain short. If the leader is not done by the
     deadline, the rest get SIGTERM and GROUP_GRACE_S before SIGKILL."""
     began = time.monotonic()
-    pids = members(pgid, marker) | set(pids)
+    pids = members(pgid, tree) | set(pids)
     report = StopReport(processes=len(pids))
     deadline = began + timeout
     if drain and pgid:
@@ -267,7 +354,7 @@ def stop(pgid: int | None, marker: str | None, timeout: float, hurry=lambda: Fal
         report.killed = sorted(alive)
         _send(pgid, alive, signal.SIGKILL)
         alive = _wait(alive, time.monotonic() + 5, lambda: False, tick)
-    late = members(pgid, marker) - alive
+    late = members(pgid, tree) - alive
     if late:
         _send(None, late, signal.SIGKILL)
         report.killed += sorted(late)

@@ -4,10 +4,13 @@ shows). The state dir is $SM120KIT_STATE_DIR or the platform's user state direct
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -45,11 +48,18 @@ def rotate(path: Path, keep: int = LOG_BACKUPS) -> None:
 
 def copy_truncate(path: Path, keep: int = LOG_BACKUPS) -> None:
     """Rotate a log that a live process still appends to (O_APPEND): copy, then truncate,
-    as logrotate's copytruncate does."""
+    as logrotate's copytruncate does. A copy that fails (a full disk) is removed and the
+    log truncated all the same, so that the server can go on writing; then it raises."""
     _shift(path, keep)
-    shutil.copyfile(path, path.with_name(f"{path.name}.1"))
-    with open(path, "r+b") as fh:
-        fh.truncate(0)
+    copy = path.with_name(f"{path.name}.1")
+    try:
+        shutil.copyfile(path, copy)
+    except OSError:
+        copy.unlink(missing_ok=True)
+        raise
+    finally:
+        with open(path, "r+b") as fh:
+            fh.truncate(0)
 
 
 class Record:
@@ -64,24 +74,56 @@ class Record:
         self.state_file = directory / "state.json"
         self.state: dict = {}
         self.secrets: dict[str, str] = {}  # value -> what to write instead ("$NAME")
+        self.on_problem: Callable[[str], None] = lambda text: print(f"sm120kit: {text}", file=sys.stderr, flush=True)
+        self._problems: dict[str, str] = {}  # file name -> why it could not be written, said once
 
     def redact(self, text: str) -> str:
+        """The key's occurrences in text that may quote it (sglang's log: its server_args
+        line) -> "$NAME". Records are written as they are and never rewritten: a key that
+        is also a piece of a record ("0" in "127.0.0.1") once corrupted state.json."""
         for value, name in self.secrets.items():
             text = text.replace(value, name)
         return text
 
+    def secret_prefix_at_end(self, text: str) -> int:
+        """How many of text's last characters could be the start of a key that the next
+        read completes: held back, so that a key split across two reads is redacted too."""
+        return max((n for value in self.secrets for n in range(min(len(value) - 1, len(text)), 0, -1) if text.endswith(value[:n])), default=0)
+
+    def _written(self, path: Path, write: Callable[[], None]) -> None:
+        """A record that cannot be written (a full disk, an I/O error) is said, once, and
+        not raised: keeping a healthy server up matters more than its record."""
+        try:
+            write()
+        except OSError as exc:
+            problem = f"could not record {path.name} ({exc.strerror or exc}); supervising on, the record is incomplete"
+            if self._problems.get(path.name) != problem:
+                self._problems[path.name] = problem
+                self.on_problem(problem)
+            return
+        if self._problems.pop(path.name, None):
+            self.on_problem(f"recording {path.name} again")
+
     def event(self, kind: str, **fields) -> dict:
         now = time.time()
         doc = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}", "t": now, "event": kind, **fields}
-        with open(self.events, "a", encoding="utf-8") as fh:
-            fh.write(self.redact(json.dumps(doc)) + "\n")
+
+        def append() -> None:
+            with open(self.events, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(doc) + "\n")
+
+        self._written(self.events, append)
         return doc
 
     def update(self, **fields) -> None:
         self.state.update(fields)
         tmp = self.state_file.with_name(f".{self.state_file.name}.tmp")
-        tmp.write_text(self.redact(json.dumps(self.state, indent=2)))
-        os.replace(tmp, self.state_file)
+
+        def replace() -> None:
+            tmp.write_text(json.dumps(self.state, indent=2))
+            os.replace(tmp, self.state_file)
+
+        self._written(self.state_file, replace)
 
 
 def _supervisor_alive(state: dict) -> bool:
@@ -92,14 +134,56 @@ def _supervisor_alive(state: dict) -> bool:
         return False
 
 
+@functools.cache
+def _run_state():
+    """The fields of state.json that `ps` and the preflight read, with their types
+    (pydantic is imported only when there is a state to read)."""
+    from pydantic import BaseModel, ConfigDict
+
+    class RunState(BaseModel):
+        model_config = ConfigDict(strict=True, extra="allow")
+
+        profile: str
+        status: str
+        supervisor_pid: int
+        supervisor_started: float | None = None
+        since: float | None = None
+        server_pid: int | None = None
+        restarts: int = 0
+        host: str = "?"
+        port: int | None = None
+        marker: str | None = None
+        last_health: dict | None = None
+
+    return RunState
+
+
+def _validated(state) -> dict:
+    """state.json as the supervisor writes it; a damaged one is an error, not a run that
+    is not there."""
+    if not isinstance(state, dict):
+        raise ValueError(f"a JSON {type(state).__name__}, not an object")
+    _run_state().model_validate(state)
+    return state
+
+
+def _why(exc: Exception) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3])
+    return str(exc)
+
+
 def runs() -> list[dict]:
     """The state of every profile that was served here, the live ones first."""
     found = []
     root = serve_root()
     for path in sorted(root.glob("*/state.json")) if root.is_dir() else []:
         try:
-            state = json.loads(path.read_text())
-        except (OSError, ValueError):
+            state = _validated(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:  # reported, never skipped: `ps` must not say "nothing served"
+            found.append({"profile": path.parent.name, "status": "damaged", "running": False, "dir": str(path.parent), "error": f"{path}: {_why(exc)}"})
             continue
         alive = _supervisor_alive(state)
         if not alive and state.get("status") not in ("stopped", "gave-up"):

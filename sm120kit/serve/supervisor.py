@@ -34,6 +34,7 @@ PROGRESS_EVERY_S = 30.0  # a "still starting" line at least this often
 LOG_TAIL_BYTES = 256 * 1024  # read for a diagnosis
 GPU_RELEASE_WAIT_S = 15.0
 GPU_MEMORY_SLACK = 512 << 20  # what another tenant's small allocation may add meanwhile
+TREE_SAMPLE_S = 1.0  # how often the run's process tree is sampled (what left it is still known)
 EXIT_STOPPED, EXIT_GAVE_UP, EXIT_UNCLEAN = 0, 1, 3
 
 
@@ -85,6 +86,7 @@ class Run:
     phase_said_at: float = 0.0
     failures_in_row: int = 0
     log: BinaryIO | None = None  # the server's log, open for the live tail
+    unredacted: str = ""  # the log's last characters, held back while they may begin the key
     splitter: LineSplitter = field(default_factory=LineSplitter)
 
     @property
@@ -117,17 +119,20 @@ class Supervisor:
         self._line_open = False  # the echoed log ended mid-line
         self._run: Run | None = None  # the current start
         self._gpu_baseline: dict[int, int] | None = None  # GPU memory in use before the first start
+        self._tree = procs.Tree()  # every process of the runs, sampled while they run
+        self._sampled_at = 0.0
         self._probes: queue.SimpleQueue[tuple[int, ProbeResult]] = queue.SimpleQueue()
         self._probing = False
         if server.api_key:
             record.secrets[server.api_key] = f"${server.api_key_env or 'API_KEY'}"
+        record.on_problem = self.say  # a record it cannot write is said in the output, once
 
     # -- output ------------------------------------------------------------------------
 
     def say(self, message: str) -> None:
         prefix = "\n" if self._line_open else ""
         self._line_open = False
-        self.out.write(f"{prefix}[sm120kit {time.strftime('%H:%M:%S')}] {self.record.redact(message)}\n")
+        self.out.write(f"{prefix}[sm120kit {time.strftime('%H:%M:%S')}] {message}\n")  # log lines in it are redacted already
         self.out.flush()
 
     # -- signals and waiting -----------------------------------------------------------
@@ -173,7 +178,12 @@ class Supervisor:
         data = run.log.read()
         if not data:
             return
-        text = self.record.redact(data.decode("utf-8", errors="replace"))  # sglang logs server_args, key included
+        text = run.unredacted + data.decode("utf-8", errors="replace")
+        held = self.record.secret_prefix_at_end(text)  # a key split across two reads
+        text, run.unredacted = text[: len(text) - held], text[len(text) - held :]
+        text = self.record.redact(text)  # sglang logs server_args, key included
+        if not text:
+            return
         if self.echo:
             self.out.write(text)
             self.out.flush()
@@ -183,7 +193,10 @@ class Supervisor:
                 if phase := phase_of(line):
                     self._progress(run, phase)
         if run.log.tell() > self.log_max_bytes:
-            copy_truncate(self.record.log)
+            try:
+                copy_truncate(self.record.log)
+            except OSError as exc:
+                self.say(f"could not keep a copy of the log past {self.log_max_bytes >> 20} MiB ({exc.strerror or exc}): truncated it without one")
             run.log.seek(0)
 
     def _progress(self, run: Run, phase: str) -> None:
@@ -202,7 +215,11 @@ class Supervisor:
         attempt, s, timeout = run.attempt, self.server, self.policy.probe_timeout_s
 
         def work() -> None:
-            self._probes.put((attempt, probe(s.host, s.port, timeout, s.api_key)))
+            try:
+                result = probe(s.host, s.port, timeout, s.api_key)
+            except BaseException as exc:  # noqa: BLE001 (a probe error is a failed probe, never the end of supervision)
+                result = ProbeResult(False, None, f"probe error ({type(exc).__name__})", 0.0)  # its text may hold the key
+            self._probes.put((attempt, result))
             self._probing = False
             try:
                 os.write(self._wake_w, b"p")
@@ -247,6 +264,7 @@ class Supervisor:
             if self.stop_signals:
                 return End("stop", signal.Signals(self.stop_signals[0]).name)
             reaped = procs.reap()
+            self._sample_tree()
             self._read_log(run)
             if run.pid in reaped:
                 run.proc.returncode = reaped[run.pid]
@@ -306,8 +324,13 @@ class Supervisor:
             self.say("no known SM120 failure signature in the log; its last lines:\n    " + "\n    ".join(last[-8:]))
         self.deaths.append(f"attempt {run.attempt}: {what}" + (f" [{', '.join(d.id for d in found)}]" if found else ""))
 
+    def _sample_tree(self) -> None:
+        if time.monotonic() - self._sampled_at >= TREE_SAMPLE_S:
+            self._tree.sample()
+            self._sampled_at = time.monotonic()
+
     def _end_run(self, run: Run, timeout: float, drain: bool = False) -> procs.StopReport:
-        report = procs.stop(run.pid, run.marker, timeout, hurry=self._hurry, drain=drain)
+        report = procs.stop(run.pid, self._tree, timeout, hurry=self._hurry, drain=drain)
         if run.proc.returncode is None:  # reaped by procs.reap(): Popen must not wait for it again
             run.proc.returncode = -signal.SIGKILL
         run.log.close()
@@ -368,7 +391,7 @@ class Supervisor:
             self.say(f"stopped on {why}: no server was running")
             return EXIT_STOPPED
         self.say(f"stopping on {why}: SIGTERM to sglang's launcher (it drains requests), then to the rest; SIGKILL after {_duration(self.policy.stop_timeout_s)} (a second Ctrl-C: now)")
-        pids = procs.members(run.pid, run.marker)
+        pids = procs.members(run.pid, self._tree)
         report = self._end_run(run, self.policy.stop_timeout_s, drain=True)
         ports = self._ports_taken()
         waited = time.monotonic()
@@ -400,7 +423,7 @@ class Supervisor:
         try:
             return self._loop()
         except BaseException as exc:  # a bug or a full disk: do not leave the server unsupervised
-            self.record.event("supervisor_error", error=f"{type(exc).__name__}: {exc}")
+            self.record.event("supervisor_error", error=self.record.redact(f"{type(exc).__name__}: {exc}"))
             if self._run is not None and self._run.proc.returncode is None:
                 self._end_run(self._run, self.policy.stop_timeout_s, drain=True)
             self.record.update(status="stopped", since=time.time(), server_pid=None, clean=False)
