@@ -65,10 +65,16 @@ class Distribution:
 
     @cached_property
     def _record_text(self) -> str:
-        try:  # RECORD is UTF-8; a damaged byte elsewhere must not hide the rows we need
-            return "\n" + (self.dist_info / "RECORD").read_bytes().decode("utf-8", "replace")
+        try:
+            raw = (self.dist_info / "RECORD").read_bytes()
         except OSError:
             return ""
+        return "\n" + raw.decode("utf-8", "replace")  # a damaged byte elsewhere must not hide the rows we need
+
+    @property
+    def record_damaged(self) -> bool:
+        """RECORD is UTF-8 (PEP 376); anything else means a damaged installation."""
+        return "\ufffd" in self._record_text
 
     def recorded_sha256(self, relpath: str) -> str | None:
         """The sha256 (hex) that RECORD gives for `relpath`, or None (not listed, no hash).

@@ -184,6 +184,28 @@ def test_bad_input(cli, tmp_path):
     assert code == 2 and "not an NVML document" in err
     code, _, err = cli("doctor", "--root", tmp_path / "nope")
     assert code == 2 and "no such directory" in err
+    (tmp_path / "empty").mkdir()
+    code, out, err = cli("doctor", "--root", tmp_path / "empty")  # it once read as "bare metal"
+    assert code == 2 and "holds neither proc/ nor sys/, so it is no copy of a node" in err and not out
+
+
+@pytest.mark.parametrize(
+    "damage, says",
+    [
+        (lambda d: d.update(gpus="x"), "gpus: Input should be a valid list"),
+        (lambda d: d["gpus"][0].update(memory_total_mib="97887"), "gpus.0.memory_total_mib: Input should be a valid integer"),
+        (lambda d: d["gpus"][0].update(compute_capability=12.0), "gpus.0.compute_capability: Input should be a valid string"),
+        (lambda d: d["gpus"][1].update(processes=[123]), "gpus.1.processes: Input should be a valid dictionary"),
+        (lambda d: d.update(p2p=[[None, {"read": "ok"}]]), "p2p.0.1.write: Field required"),
+    ],
+)
+def test_an_nvml_document_with_wrong_types_is_refused(cli, tmp_path, damage, says):
+    """It once failed half the checks inside and still said "this node can serve"."""
+    doc = json.loads(json.dumps(SM120))
+    damage(doc)
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    code, out, err = cli("doctor", "--nvml", tmp_path / "bad.json", "--root", node(tmp_path / "root"))
+    assert code == 2 and "not an NVML document as `doctor --json` writes it" in err and says in err and not out
 
 
 def test_a_doctor_json_document_replays(cli, tmp_path):

@@ -140,6 +140,7 @@ def test_record_with_non_utf8_bytes(site, cli):
     record.write_bytes(b"sglang/caf\xe9.py,sha256=\xff\xfe,12\n" + record.read_bytes())
     code, out, err = cli("status", "--site", site)
     assert code == 1 and "Traceback" not in out + err and "would-apply" in out
+    assert "RECORD is not valid UTF-8 (a damaged installation)" in err and "pip install --force-reinstall --no-deps sglang==0.5.23" in err
     assert cli("patch", "--verify", "--site", site)[0] == 0
     code, doc = cli.json("unpatch", "--site", site)
     assert code == 0 and all(r["detail"] == "matches the wheel's RECORD" for r in doc["results"])

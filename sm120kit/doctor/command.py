@@ -40,6 +40,9 @@ def doctor(args, profile, target) -> int:
     """Exit 0: nothing failed (warnings allowed); 1: something failed."""
     if args.root and not Path(args.root).is_dir():
         raise UserError(f"--root {args.root}: no such directory", "pass a directory that holds proc/ and sys/ copied from the node")
+    if args.root and not any((Path(args.root) / part).is_dir() for part in ("proc", "sys")):
+        # An empty copy would read as a node without a GPU, an IOMMU or a hypervisor.
+        raise UserError(f"--root {args.root}: holds neither proc/ nor sys/, so it is no copy of a node", "pass a directory that holds proc/ and sys/ copied from the node")
     doc = nvml.load(args.nvml) if args.nvml else nvml.read()
     host = Host(Path(args.root or "/"), dict(os.environ), doc, target)
     results = run_all(host, profile)

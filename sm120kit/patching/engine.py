@@ -265,6 +265,11 @@ def plan(
             if f.outcome is Outcome.ANCHOR_MISSING and f.patch.package == dist.name and f.patch.id in allow_missing:
                 result.allowances[(dist.site, f.patch.id)] = {"package": dist.name, "version": dist.version, "reason": f.detail.rsplit(" (allowed:", 1)[0]}
         _plan_untargeted_entries(result, dist, ledger, set(per_file))
+        if dist.record_damaged:
+            result.warnings.append(
+                f"{dist.dist_info / 'RECORD'} is not valid UTF-8 (a damaged installation): the rows of the files sm120kit "
+                f"patches were read, the rest ignored; repair it: pip install --force-reinstall --no-deps {dist.name}=={dist.version}"
+            )
         result.warnings += _stale_jit_caches(dist, ledger)
         prebuilt = jit_cache.prebuilt_package(dist)
         if prebuilt and (aot := target.find(prebuilt)):

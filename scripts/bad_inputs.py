@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""The bad-input campaign: every input here is a user mistake or damaged/hostile state,
+run through the real CLI in a subprocess. Each must end in a clear message (no traceback,
+no "internal error", the API key never printed) with the exit code it documents.
+
+    python scripts/bad_inputs.py          # one line per input, then the tally
+
+Prints `tried / clear / internal error / wrong exit code`; exit 1 when any is not clear.
+Needs the wheel cache the tests use (it installs real releases into scratch sites).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "scripts")]
+
+from conftest import install  # noqa: E402
+from standin import PROFILES, make_env_python  # noqa: E402
+
+SECRET = "sk-live-0123456789abcdef"
+DSA_FILE = "sglang/srt/models/deepseek_common/attention_forward_methods/forward_mha.py"
+
+
+def sm120kit(argv, env=None, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sm120kit", *map(str, argv)], capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd, timeout=180)
+
+
+class Sites:
+    """Scratch sites: a vendor sglang 0.5.23, and one patched, copied fresh per case."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.vendor = tmp / "vendor" / "site-packages"
+        self.vendor.mkdir(parents=True)
+        install(self.vendor, "0.5.23", flashinfer=False)
+        self.patched = tmp / "patched" / "site-packages"
+        shutil.copytree(self.vendor, self.patched)
+        assert sm120kit(["patch", "--site", self.patched]).returncode == 0
+        self.n = 0
+
+    def copy(self, patched: bool = True) -> Path:
+        self.n += 1
+        site = self.tmp / f"case{self.n}" / "site-packages"
+        shutil.copytree(self.patched if patched else self.vendor, site, symlinks=True)
+        return site
+
+
+def edit_ledger(site: Path, change) -> Path:
+    path = site / ".sm120kit" / "ledger.json"
+    doc = json.loads(path.read_text())
+    change(doc, doc["files"][f"sglang:{DSA_FILE}"])
+    path.write_text(json.dumps(doc))
+    return site
+
+
+def patch_cases(sites: Sites, tmp: Path) -> list[tuple[str, list, dict, int]]:
+    outside = tmp / "outside"
+    outside.mkdir()
+    (outside / "victim.txt").write_text("precious\n")
+
+    def moved(doc, entry, path):
+        doc["files"].pop(f"sglang:{DSA_FILE}")
+        entry["path"] = path
+        doc["files"][f"sglang:{path}"] = entry
+
+    def symlinked_backups():
+        site = sites.copy()
+        backups = site / ".sm120kit" / "backups"
+        shutil.rmtree(backups)
+        backups.symlink_to(outside)
+        return site
+
+    def symlinked_state():
+        site = sites.copy(patched=False)
+        (site / ".sm120kit").symlink_to(outside)
+        return site
+
+    def damaged(relpath, old: bytes, new: bytes, patched=False):
+        site = sites.copy(patched)
+        dist_info = next(site.glob("sglang-*.dist-info"))
+        path = dist_info / relpath
+        path.write_bytes(path.read_bytes().replace(old, new, 1) if old else new + path.read_bytes())
+        return site
+
+    bad_python = tmp / "python-fails"
+    bad_python.write_text("#!/bin/sh\necho boom >&2\nexit 3\n")
+    bad_python.chmod(0o755)
+    journal = sites.copy()
+    (journal / ".sm120kit" / "journal.json").write_text("{not json")
+    s = lambda site: ["--site", site]  # noqa: E731
+    return [
+        ("ledger path ../outside/victim.txt: unpatch", ["unpatch", *s(edit_ledger(sites.copy(), lambda d, e: moved(d, e, "../outside/victim.txt")))], {}, 2),
+        ("ledger absolute path: unpatch --force", ["unpatch", "--force", *s(edit_ledger(sites.copy(), lambda d, e: moved(d, e, str(outside / "victim.txt"))))], {}, 2),
+        ('ledger "patches" a string: unpatch', ["unpatch", *s(edit_ledger(sites.copy(), lambda d, e: e.update(patches="x")))], {}, 2),
+        ('ledger "patches" a string: status', ["status", *s(edit_ledger(sites.copy(), lambda d, e: e.update(patches="x")))], {}, 2),
+        ("ledger revision a string: patch", ["patch", *s(edit_ledger(sites.copy(), lambda d, e: e.update(patches={"sglang-dsa-page-table-guard": "1"})))], {}, 2),
+        ("ledger vendor hash a path: unpatch", ["unpatch", *s(edit_ledger(sites.copy(), lambda d, e: e.update(vendor_sha256="../../etc/passwd")))], {}, 2),
+        ("ledger schema 99: status", ["status", *s(edit_ledger(sites.copy(), lambda d, e: d.update(schema=99)))], {}, 2),
+        ("ledger a list: patch --verify", ["patch", "--verify", *s(edit_ledger(sites.copy(), lambda d, e: d.clear()))], {}, 2),
+        ("backups a symlink out: unpatch", ["unpatch", *s(symlinked_backups())], {}, 2),
+        ("state dir a symlink out: patch", ["patch", *s(symlinked_state())], {}, 2),
+        ("journal not JSON: patch", ["patch", *s(journal)], {}, 2),
+        ("RECORD with non-UTF-8 bytes: status", ["status", *s(damaged("RECORD", b"", b"caf\xe9.py,sha256=\xff,1\n"))], {}, 1),
+        ("METADATA version not PEP 440: status", ["status", *s(damaged("METADATA", b"Version: 0.5.23", b"Version: 0.5.23 custom"))], {}, 2),
+        ("--python that does not exist", ["status", "--python", tmp / "nope"], {}, 2),
+        ("--python that fails", ["status", "--python", bad_python], {}, 2),
+        ("--python and --site", ["status", "--python", sys.executable, "--site", sites.vendor], {}, 2),
+        ("--site that does not exist", ["status", "--site", tmp / "nope"], {}, 2),
+        ("--only unknown id", ["patch", "--only", "nope", *s(sites.vendor)], {}, 2),
+        ("--allow-missing unknown id", ["patch", "--allow-missing", "nope", *s(sites.vendor)], {}, 2),
+        ("--patch-dir that does not exist", ["status", "--patch-dir", tmp / "nope", *s(sites.vendor)], {}, 2),
+        ("doctor --root of an empty directory", ["doctor", "--root", outside], {}, 2),
+        ("doctor --nvml with wrong types", ["doctor", "--nvml", _json(tmp / "nvml.json", {"gpus": "x"})], {}, 2),
+        ("doctor --nvml not JSON", ["doctor", "--nvml", _json(tmp / "nvml2.json", None)], {}, 2),
+    ]
+
+
+def _json(path: Path, doc) -> Path:
+    path.write_text("{" if doc is None else json.dumps(doc))
+    return path
+
+
+def serve_cases(tmp: Path) -> list[tuple[str, list, dict, int]]:
+    (tmp / "env").mkdir()
+    py = make_env_python(tmp / "env", "0.5.23")
+    log = tmp / "x.log"
+    log.write_text("hello\n")
+    cases = []
+    for value in ("health.stop_timeout_s=inf", "health.startup_timeout_s=nan", "health.probe_interval_s=-1", "health.probe_timeout_s=1e300",
+                  "parallel.tp=0", "server.port=0", "engine.mem_fraction_static=nan", "engine.max_running_requests=-5",
+                  "engine.chunked_prefill_size=0", "health.max_restarts=-1", "extra_args.--x=nan", "node.gpus=100000"):  # fmt: skip
+        cases.append((f"--set {value}", ["profile", "show", "glm5-nvfp4", "--set", value], {}, 2))
+    for opt, value in (("--threshold", "inf"), ("--threshold", "0"), ("--input-len", "0"), ("--output-len", "-1"),
+                       ("--prompts-per-level", "nan"), ("--concurrency", "64,10000000")):  # fmt: skip
+        cases.append((f"bench {opt} {value}", ["bench", "--url", "http://127.0.0.1:9", opt, value], {}, 2))
+    cases += [(f"diagnose --tail {v}", ["diagnose", log, "--tail", v], {}, 2) for v in ("0", "-5")]
+    cases.append(("serve sm120-base (no model)", ["serve", "sm120-base", "--dry-run", "--python", py], {}, 2))
+    cases.append(("profile check sm120-base", ["profile", "check", "sm120-base", "--python", py], {}, 2))
+    for flag, value in (("--host", "0.0.0.0"), ("--api-key", SECRET), ("--tensor-parallel-size", "4")):
+        cases.append((f"extra_args {flag}", ["serve", "glm5-nvfp4", "--dry-run", "--python", py, "--set", f"extra_args.{flag}={value}"], {}, 2))
+    check = ["serve", "standin", "--profile-dir", PROFILES, "--python", py, "--no-gpu-check", "--set", "server.api_key_env=K", "--check"]
+    for label, key in (("ending in \\r", SECRET + "\r"), ("0", "0"), ("of 7 characters", "sk-1234")):
+        cases.append((f"serve --check, API key {label}", check, {"K": key}, 1))
+    return cases
+
+
+def main() -> int:
+    tmp = Path(tempfile.mkdtemp(prefix="sm120kit-bad-inputs-"))
+    try:
+        state = {"SM120KIT_STATE_DIR": str(tmp / "state")}
+        cases = patch_cases(Sites(tmp), tmp) + serve_cases(tmp)
+        tally = {"tried": 0, "clear": 0, "internal error": 0, "wrong exit code": 0}
+        for label, argv, env, want in cases:
+            proc = sm120kit(argv, {**state, **env}, cwd=tmp)
+            text = proc.stdout + proc.stderr
+            internal = "internal error" in text or "Traceback" in text
+            clear = not internal and SECRET not in text and proc.returncode == want and any(w in text for w in ("error", "FAIL", "warning"))
+            tally["tried"] += 1
+            tally["clear"] += clear
+            tally["internal error"] += internal
+            tally["wrong exit code"] += proc.returncode != want
+            said = next((line for line in text.splitlines() if any(w in line for w in ("error", "FAIL", "warning"))), "")
+            print(f"{'ok ' if clear else 'BAD'} exit {proc.returncode} (want {want})  {label}: {said.strip()[:140]}")
+        print(" / ".join(f"{n} {k}" for k, n in tally.items()))
+        return 0 if tally["clear"] == tally["tried"] else 1
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
