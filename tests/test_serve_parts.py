@@ -13,7 +13,6 @@ import time
 
 import psutil
 import pytest
-
 from standin import PROFILES, free_port, make_env_python
 
 from sm120kit.profiles.model import Health, Profile

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
+import shutil
 import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from conftest import install, tree_snapshot, wheel_bytes
@@ -137,9 +142,6 @@ def test_a_full_disk_changes_nothing_or_everything(tmp_path, cli, free_kib):
 
 def _fill(path, leave: int) -> None:
     """Take the free space of path's filesystem down to `leave` bytes."""
-    import os
-    import shutil
-
     with open(path, "wb") as fh:
         while (free := shutil.disk_usage(path.parent).free) > leave:
             try:
@@ -148,3 +150,33 @@ def _fill(path, leave: int) -> None:
                 os.fsync(fh.fileno())
             except OSError:
                 break
+
+
+def test_a_user_who_does_not_own_the_environment(tmp_path_factory):
+    """Another user's venv (here: root's, run as nobody): status works, a write is refused
+    with what is not writable, and nothing changes."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to run as another user")
+    root = Path(tempfile.mkdtemp(prefix="sm120kit-owner-"))  # outside pytest's 0700 tree
+    try:
+        root.chmod(0o755)
+        site = root / "site-packages"
+        site.mkdir()
+        install(site, "0.5.23", flashinfer=False)
+        subprocess.run(["chmod", "-R", "a+rX", str(root)], check=True)
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable]
+        env = {**os.environ, "HOME": str(root / "home"), "SM120KIT_CACHE_DIR": str(root / "cache")}
+        if subprocess.run([*nobody, "-c", "import sm120kit"], env=env, cwd=root, capture_output=True).returncode:
+            pytest.skip("this interpreter cannot run as another user here")
+
+        def run(*argv):
+            proc = subprocess.run([*nobody, "-m", "sm120kit", *argv, "--site", str(site)], env=env, cwd=root, capture_output=True, text=True)
+            return proc.returncode, proc.stdout + proc.stderr
+
+        before = tree_snapshot(site)
+        assert run("status")[0] == 1
+        code, out = run("patch", "--verify")
+        assert code == 2 and f"{site / '.sm120kit'} is not writable (Permission denied)" in out and "Traceback" not in out
+        assert tree_snapshot(site) == before
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

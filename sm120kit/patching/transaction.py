@@ -68,7 +68,6 @@ def commit(ledgers: dict[Path, Ledger], writes: list[FileWrite], op: str) -> Non
             ledgers[w.site].store_backup(w.before)
         docs = {site: ledgers[site].document() for site in sites}
         for site in sites:
-            ledger = ledgers[site]
             mine = [w for w in writes if w.site == site]
             journal = {
                 "schema": 1,
