@@ -76,8 +76,8 @@ def _pip_download(requirement: str) -> Path:
     if listed and listed[1].strip() != "none":
         newest = ", ".join(listed[1].split(", ")[-3:])
         raise FetchError(f"{requirement} is not on the package index (its newest releases there: {newest})")
-    if listed:
-        raise FetchError(f"the package index has no {name} wheel for this platform ({requirement})")
+    if listed:  # pip printed no versions and no connection error (as with PIP_RETRIES=0): either
+        raise FetchError(f"the package index listed no {name} wheel for this platform, or could not be reached ({requirement})")
     last = [line for line in text.splitlines() if line.strip()][-1:] or ["no output"]
     raise FetchError(f"pip download {requirement} failed: {last[0].strip()}")
 

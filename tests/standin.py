@@ -45,7 +45,7 @@ def make_env_python(root: Path, version: str) -> Path:
     return shim
 
 
-def foreign_server(root: Path, port: int, tp: int = 1) -> subprocess.Popen:
+def foreign_server(root: Path, port: int, tp: int = 1, env: dict | None = None) -> subprocess.Popen:
     """A server someone else started by hand, `sglang serve` (the console script: the
     launcher's command line is `python .../bin/sglang serve ...`), with the stand-in as
     sglang: a launcher, its schedulers and a detokenizer. Not a child of any sm120kit."""
@@ -60,8 +60,7 @@ def foreign_server(root: Path, port: int, tp: int = 1) -> subprocess.Popen:
     )
     script.chmod(0o755)
     argv = [str(script), "serve", "--model-path", "someone/else", "--port", str(port), "--tp-size", str(tp)]
-    env = {**os.environ, "SGLANG_STANDIN": "{}"}
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, env={**os.environ, "SGLANG_STANDIN": "{}", **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     launcher = psutil.Process(proc.pid)
     deadline = time.monotonic() + 20
     while len([c for c in launcher.children() if c.cmdline()[:1] and c.cmdline()[0].startswith("sglang::")]) < tp + 1:

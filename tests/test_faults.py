@@ -165,3 +165,16 @@ def test_patch_path_environment_variable(cli, site10, monkeypatch):
     sources = {p["id"]: p["source"] for p in doc["patches"]}
     assert sources["sglang-moe-autotune-flashinfer-cutlass"] == "shipped"
     assert sources["test-version-marker"].startswith(str(FIXTURE_PATCHES))
+
+
+def test_a_user_patch_must_name_the_last_release_it_was_proven_on(cli, site10, tmp_path):
+    """Without a top to its range, a newer release could never be told unproven."""
+    mine = tmp_path / "mine" / "sglang"
+    mine.mkdir(parents=True)
+    (mine / "open_ended.py").write_text(
+        "from sm120kit.patching.spec import AlreadyApplied, Patch, Rewrite\n"
+        "PATCH = Patch(id='open-ended', package='sglang', summary='s', why='w',\n"
+        "    rewrites=(Rewrite('sglang/version.py', '>=0.5.9', lambda m, c: AlreadyApplied()),))\n"
+    )
+    err = assert_refused(cli, site10, "status", "--site", site10, "--patch-dir", tmp_path / "mine", says="names no last release it was proven on")
+    assert "<=X" in err

@@ -186,3 +186,61 @@ def test_a_ledger_with_a_bad_timestamp_is_damaged(patched, cli):
     write_ledger(patched, doc)
     code, _, err = cli("unpatch", "--site", patched)
     assert code == 2 and "patched_at: Value error, Invalid isoformat string: 'yesterday'" in err
+
+
+def test_verify_is_not_green_when_unpatch_could_not_restore(patched, cli):
+    """The ledger moved aside (as a damaged-ledger hint says): the code is still patched,
+    and nothing could give the vendor's bytes back."""
+    (patched / ".sm120kit" / "ledger.json").rename(patched / "ledger.json.bad")
+    code, out, err = cli("patch", "--verify", "--site", patched)
+    assert code == 2 and "verified" not in out
+    assert f"{FORWARD_MHA}: patched code without a ledger entry, so `unpatch` cannot restore it" in err
+
+
+def test_a_ledger_entry_for_a_file_no_patch_rewrites_is_refused(patched, victim, cli):
+    """An editable "evil" distribution whose source tree is outside: its file is named by
+    no patch, so no write may follow the entry there."""
+    evil = patched / "evil-1.0.dist-info"
+    evil.mkdir()
+    (evil / "METADATA").write_text("Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n\n")
+    (evil / "direct_url.json").write_text(json.dumps({"url": f"file://{victim.parent}", "dir_info": {"editable": True}}))
+    doc = ledger_doc(patched)
+    entry = dict(doc["files"][f"sglang:{FORWARD_MHA}"], package="evil", path="victim.txt", patched_sha256=sha256(victim.read_bytes()))
+    doc["files"]["evil:victim.txt"] = entry
+    write_ledger(patched, doc)
+    before = everything(patched, victim)
+    code, out, err = cli("unpatch", "--site", patched, "--force")
+    assert code == 2 and "evil:victim.txt is no file that sglang-dsa-page-table-guard rewrites" in err
+    assert everything(patched, victim) == before
+
+
+def test_a_symbolic_link_inside_the_package_does_not_lead_a_restore_out(patched, victim, cli):
+    directory = (patched / FORWARD_MHA).parent
+    moved = victim.parent / "methods"
+    directory.rename(moved)
+    directory.symlink_to(moved)
+    before = everything(patched, victim) | {"moved": (moved / "forward_mha.py").read_bytes()}
+    code, out, err = cli("unpatch", "--site", patched)
+    assert code == 2 and "outside sglang's install root" in err
+    assert everything(patched, victim) | {"moved": (moved / "forward_mha.py").read_bytes()} == before
+
+
+@pytest.mark.parametrize(
+    "damage, says",
+    [
+        (lambda d: d.update(allowed_missing={"nocolon": {"package": "sglang", "version": "0.5.23"}}), "is not <package>:<patch id>"),
+        (lambda d: d["files"].update({"sglang:sglang/srt": dict(d["files"][f"sglang:{FORWARD_MHA}"], path="sglang/srt")}), "is no file that"),
+    ],
+)
+def test_other_damage_is_reported_not_an_internal_error(patched, cli, damage, says):
+    doc = ledger_doc(patched)
+    damage(doc)
+    write_ledger(patched, doc)
+    code, out, err = cli("unpatch", "--site", patched)
+    assert code == 2 and says in err and "internal error" not in err
+
+
+def test_unpatch_dry_run_says_an_interrupted_run_comes_first(patched, cli):
+    (patched / ".sm120kit" / "journal.json").write_text(json.dumps({"schema": 1, "files": [], "ledger_after": "0" * 64}))
+    code, out, err = cli("unpatch", "--dry-run", "--site", patched)
+    assert "`sm120kit unpatch` finishes it first" in err

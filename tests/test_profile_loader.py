@@ -534,3 +534,11 @@ def test_extra_args_set_on_the_command_line_is_refused_the_same_way(pdir):
     message = error(pdir, "p", "extra_args.--api-key=sk-live-123")
     assert "--set extra_args.--api-key=***: extra_args.--api-key: " in message and "sk-live-123" not in message
     assert load(pdir, "p", "extra_args.--enable-metrics=true").extra_args == {"--enable-metrics": True}
+
+
+def test_extra_args_may_not_carry_the_admin_key(pdir):
+    """sglang's --admin-api-key has no field: in argv every user of the machine reads it."""
+    path = write(pdir, "p", '[extra_args]\n"--admin-api-key" = "hunter2hunter2"\n')
+    message = error(pdir, "p")
+    assert f"{path}: extra_args.--admin-api-key: --admin-api-key carries a secret" in message and "hunter2hunter2" not in message
+    assert "remove --admin-api-key from [extra_args]" in message and "and set" not in message

@@ -19,6 +19,7 @@ from test_release_lifecycle import record_digest
 from sm120kit.patching.registry import load_patches, shipped_dir
 
 SHIPPED = {p.id: p for p in load_patches()}
+FORWARD_MHA = "sglang/srt/models/deepseek_common/attention_forward_methods/forward_mha.py"
 # A release (sglang, with the flashinfer it pins) on which each patch writes something.
 RELEASE = {
     "sglang-dsa-page-table-guard": "0.5.23",
@@ -143,3 +144,23 @@ def test_a_marker_of_r1_is_not_one_of_r10(site, tmp_path, cli):
     module.write_text(module.read_text().replace("revision=2,", "revision=10,"))
     code, doc = cli.json("status", "--site", site, "--patch-dir", r10, "--only", patch_id)
     assert code == 1 and doc["results"][0]["outcome"] == "outdated"
+
+
+def test_a_revision_that_finds_the_fix_upstream_leaves_the_vendor_bytes_unrecorded(site, tmp_path, cli):
+    """r2 judges the vendor's code fixed upstream: the rebuilt file is the vendor's, and the
+    ledger keeps no entry for it (an entry with no patch would be damage)."""
+    patch_id = "sglang-dsa-page-table-guard"
+    install(site, "0.5.23", flashinfer=False)
+    assert cli("patch", "--site", site, "--only", patch_id)[0] == 0
+    r2 = tmp_path / "r2" / "sglang"
+    r2.mkdir(parents=True)
+    (r2 / "dsa.py").write_text(
+        "from sm120kit.patching.spec import FixedUpstream, Patch, Rewrite\n"
+        "PATCH = Patch(id='sglang-dsa-page-table-guard', package='sglang', summary='s', why='w', revision=2,\n"
+        f"    rewrites=(Rewrite({FORWARD_MHA!r}, '>=0.5.9,<=0.5.23', lambda m, c: FixedUpstream('upstream has it')),))\n"
+    )
+    code, doc = cli.json("patch", "--site", site, "--patch-dir", tmp_path / "r2", "--only", patch_id)
+    assert code == 0, doc
+    assert (site / FORWARD_MHA).read_bytes() == wheel_bytes("0.5.23", FORWARD_MHA)
+    code, doc = cli.json("status", "--site", site, "--patch-dir", tmp_path / "r2", "--only", patch_id)
+    assert code == 0 and doc["results"][0]["outcome"] == "fixed-upstream"

@@ -257,11 +257,13 @@ def test_a_killed_supervisor_takes_the_server_down_and_the_next_preflight_finds_
 
 
 @pytest.mark.preflight
-def test_a_healthy_server_someone_else_started_is_not_stale(serve, tmp_path):
+@pytest.mark.parametrize("marker", [None, "glm5-nvfp4:another-state-dir"])
+def test_a_healthy_server_someone_else_started_is_not_stale(serve, tmp_path, marker):
     """`sglang serve` started by hand, its launcher alive: its scheduler and detokenizer
     are named and left alone, with or without --kill-stale (stale: of a run of ours that is
-    over, or orphaned)."""
-    other = foreign_server(tmp_path / "other", free_port())
+    over, or orphaned). So is one that sm120kit serves from another state directory (or
+    another user's): a marker unknown here proves nothing."""
+    other = foreign_server(tmp_path / "other", free_port(), env={"SM120KIT_SERVE_ID": marker} if marker else None)
     try:
         children = psutil.Process(other.pid).children()
         titles = sorted(c.cmdline()[0] for c in children)

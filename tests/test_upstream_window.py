@@ -190,3 +190,26 @@ def test_an_upgrade_past_the_window_is_never_a_false_green(site, cli):
     assert f"sglang 0.5.23 -> 0.5.24: patch {DSA} was lost in the upgrade; re-applied ({UNPROVEN})" in out
     assert f"sglang 0.5.23 -> 0.5.24: patch {SMEM} was lost in the upgrade; re-applied ({UNPROVEN})" in out
     assert all((site / path).read_bytes() != wheel_bytes("0.5.23", path) for path in (FORWARD_MHA, PREFILL))
+
+
+def test_unpatch_only_one_of_two_patches_past_the_window_keeps_the_other(future, tmp_path, cli):
+    """Two patches on one file of 0.5.24: unpatching one re-applies the other to the
+    vendor's bytes (by shape, as the plan ran it), never drops it silently."""
+    mine = tmp_path / "mine" / "sglang"
+    mine.mkdir(parents=True)
+    (mine / "tail_marker.py").write_text(
+        "from sm120kit.patching.cst_tools import marker_line\n"
+        "from sm120kit.patching.spec import AlreadyApplied, Patch, Rewrite, Rewritten\n"
+        "def mark(module, ctx):\n"
+        "    if any(line.comment and ctx.is_marker(line.comment.value) for line in module.footer):\n"
+        "        return AlreadyApplied()\n"
+        "    return Rewritten(module.with_changes(footer=[*module.footer, marker_line(ctx.marker)]))\n"
+        "PATCH = Patch(id='test-tail-marker', package='sglang', summary='s', why='w',\n"
+        f"    rewrites=(Rewrite({FORWARD_MHA!r}, '>=0.5.9,<=0.5.23', mark),))\n"
+    )
+    args = ("--site", future, "--patch-dir", tmp_path / "mine")
+    assert cli("patch", *args, "--only", DSA, "--only", "test-tail-marker")[0] == 0
+    code, doc = cli.json("unpatch", *args, "--only", DSA)
+    assert code == 0 and doc["results"][0]["detail"] == "re-applied on the original: test-tail-marker"
+    code, doc = cli.json("status", *args, "--only", DSA, "--only", "test-tail-marker")
+    assert {r["patch"]: r["outcome"] for r in doc["results"]} == {DSA: "would-apply", "test-tail-marker": "already-applied"}

@@ -53,7 +53,7 @@ def test_a_persistent_io_error_while_rolling_back(site, cli, monkeypatch):
     first, second = targets[0], targets[1]
     assert code == 2, out + err
     assert f"writing {second} failed ([Errno 5] Input/output error)" in err
-    assert f"{first}: still written ([Errno 5] Input/output error): the next `sm120kit patch` or `unpatch` rolls it back" in err
+    assert f"{first}: maybe written ([Errno 5] Input/output error): the next `sm120kit patch` or `unpatch` rolls it back" in err
     assert f"{second}: unchanged" in err and "an interrupted run is recorded in the state directory" in err
     assert "Traceback" not in out + err
     assert (site / ".sm120kit" / "journal.json").exists()
@@ -180,3 +180,55 @@ def test_a_user_who_does_not_own_the_environment(tmp_path_factory):
         assert tree_snapshot(site) == before
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_file_written_but_reported_failed_is_rolled_back_too(site, cli, monkeypatch):
+    """The write went through and then an error came (the read-back failed): the file holds
+    the new bytes, so it is rolled back with the others, never left "unchanged"."""
+    install(site, "0.5.23", flashinfer=False)
+    real = transaction.write_atomic
+    targets = []
+
+    def written_then_failed(path, data):
+        real(path, data)
+        if ".sm120kit" not in path.parts:
+            targets.append(path)
+            if len(targets) == 2:
+                raise OSError(errno.EIO, "Input/output error", str(path))
+
+    monkeypatch.setattr(transaction, "write_atomic", written_then_failed)
+    code, out, err = cli("patch", "--site", site)
+    assert code == 2 and f"{targets[1]}: rolled back" in err and f"{targets[0]}: rolled back" in err and "nothing was changed" in err
+    assert target_files(site) == vendor(site) and no_leftovers(site)
+
+
+def test_when_the_second_sites_ledger_fails_the_first_sites_is_rolled_back(tmp_path, monkeypatch):
+    """sglang and flashinfer in two site directories: one transaction, two ledgers."""
+    from sm120kit.errors import UserError
+    from sm120kit.patching import engine
+    from sm120kit.patching.registry import load_patches
+    from sm120kit.target import Target
+
+    a, b = tmp_path / "a" / "site-packages", tmp_path / "b" / "site-packages"
+    a.mkdir(parents=True)
+    b.mkdir(parents=True)
+    install(a, "0.5.9", flashinfer=False)
+    from conftest import fetch_wheels
+
+    fetch_wheels.install(b, "flashinfer-python", "0.6.3", ["flashinfer/*.py", "flashinfer/jit/*.py", "flashinfer/jit/gemm/*.py"])
+    before = {**tree_snapshot(a), **{f"b/{k}": v for k, v in tree_snapshot(b).items()}}
+    real = transaction.write_atomic
+
+    def failing(path, data):
+        if path == b / ".sm120kit" / "ledger.json":
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        real(path, data)
+
+    monkeypatch.setattr(transaction, "write_atomic", failing)
+    with pytest.raises(UserError) as raised:
+        engine.apply(Target("two sites", [a, b]), load_patches())
+    assert f"writing {b / '.sm120kit' / 'ledger.json'} failed" in raised.value.message and "nothing was changed" in raised.value.message
+    after = {**tree_snapshot(a), **{f"b/{k}": v for k, v in tree_snapshot(b).items()}}
+    strip = lambda snap: {k: v for k, v in snap.items() if ".sm120kit" not in k}  # noqa: E731
+    assert strip(after) == strip(before)
+    assert not (a / ".sm120kit" / "ledger.json").exists() and not (b / ".sm120kit" / "ledger.json").exists()

@@ -522,8 +522,8 @@ def _plan_untargeted_entries(plan_: Plan, dist: Distribution, ledger: Ledger, ta
     for key, entry in list(ledger.files.items()):
         if entry.package != dist.name or entry.path in targeted:
             continue
-        path = dist.file(entry.path)
-        current = sha256(path.read_bytes()) if path.exists() else None
+        data = _read_entry(ledger, dist.file(entry.path))
+        current = sha256(data) if data is not None else None
         if current == entry.patched_sha256:
             continue
         plan_.lost += [Lost(dist.name, entry.version, dist.version, pid, entry.path) for pid in entry.patches]
@@ -561,25 +561,25 @@ def _write(ledgers: dict[Path, Ledger], writes: list[transaction.FileWrite], op:
 
 
 @contextlib.contextmanager
-def _locked(target: Target, sites: set[Path]) -> Iterator[list[str]]:
+def _locked(target: Target, sites: set[Path], patches: list[Patch]) -> Iterator[list[str]]:
     """The lock of every site, and first of all: finish what a killed run left there.
     Yields what the recovery did."""
+    declared = {(p.package, r.path) for p in patches for r in p.rewrites}
     with contextlib.ExitStack() as stack:
         recovered: list[str] = []
         for site in sorted(sites):
             stack.enter_context(Ledger(site).locked())
-            recovered += transaction.recover(site, lambda package, relpath: _resolve(target, package, relpath))
+            recovered += transaction.recover(site, lambda package, relpath: _resolve(target, declared, package, relpath))
         yield recovered
 
 
-def _resolve(target: Target, package: str, relpath: str) -> Path | None:
-    from sm120kit.patching.ledger_schema import inside_target
-
+def _resolve(target: Target, declared: set[tuple[str, str]], package: str, relpath: str) -> Path | None:
+    """A journal's file: only one a loaded patch rewrites, inside the target."""
     dist = target.find(package)
-    try:
-        return dist.file(inside_target(relpath)) if dist else None
-    except ValueError:
+    if (package, relpath) not in declared or dist is None:
         return None
+    path = dist.file(relpath)
+    return path if _inside(dist, path) else None
 
 
 def apply(
@@ -592,7 +592,7 @@ def apply(
     environment is fine as long as there is nothing to write."""
     sites = {d.site for p in patches if (d := target.find(p.package))}
     try:
-        with _locked(target, sites) as recovered:
+        with _locked(target, sites, patches) as recovered:
             result = plan(target, patches, force, allow_missing=allow_missing, tolerate_damage=False)
             result.warnings[:0] = recovered
             if not result.errors:
@@ -640,6 +640,9 @@ def _record(result: Plan, change: FileChange) -> None:
         and f.patch.package == change.dist.name
         and f.outcome in (Outcome.WOULD_APPLY, Outcome.ALREADY_APPLIED, Outcome.OUTDATED)
     }
+    if not in_place:  # the current revisions leave the vendor's bytes: nothing to record
+        ledger.files.pop(change.dist.key(change.relpath), None)
+        return
     ledger.record(
         change.dist.key(change.relpath),
         FileEntry(
@@ -659,6 +662,7 @@ def verify(target: Target, patches: list[Patch]) -> list[str]:
     result = plan(target, patches, cache=False)
     problems = [f"{f.patch.id}: {f.outcome.value} {f.detail}".rstrip() for f in result.findings if f.is_error or f.outcome in (Outcome.WOULD_APPLY, Outcome.OUTDATED)]
     problems += [f"{path}: an interrupted run is not finished: run `sm120kit patch` or `sm120kit unpatch`" for path in result.interrupted]
+    problems += [row.detail for row in _unrecorded_rows(target, result)]
     for ledger in result.ledgers.values():
         for key, entry in ledger.files.items():
             dist = target.find(entry.package)
@@ -712,9 +716,11 @@ def unpatch(
     wanted = only if only is not None else {p.id for p in patches}
     sites = {d.site for p in patches if p.id in wanted and (d := target.find(p.package))}
     try:
-        with _locked(target, sites) if not dry_run else contextlib.nullcontext([]) as recovered:
+        with _locked(target, sites, patches) if not dry_run else contextlib.nullcontext([]) as recovered:
             result, ledgers, writes = _plan_unpatch(target, patches, wanted, sites, force)
             result.warnings[:0] = recovered
+            if dry_run:
+                result.warnings += [f"an interrupted sm120kit run left {j}: `sm120kit unpatch` finishes it first, so what it restores may differ" for j in transaction.pending(sites)]
             if dry_run or any(r.is_error for r in result.rows):
                 return result
             if writes or any(ledger.changed for ledger in ledgers.values()):
@@ -758,8 +764,8 @@ def _plan_restore(target, ledger, key, entry, ids, by_id, force, rows, writes, u
     dist = target.find(entry.package)
     row = Restore(entry.package, dist.version if dist else "-", entry.path, ids, "would-restore")
     rows.append(row)
-    path = dist.file(entry.path) if dist else None
-    current = path.read_bytes() if path and path.exists() else None
+    path = _entry_file(ledger, entry, [by_id[i] for i in ids], dist)
+    current = _read_entry(ledger, path)
     recorded = dist.recorded_sha256(entry.path) if dist else None
     digest = sha256(current) if current is not None else None
     if digest is None or digest in (recorded, entry.vendor_sha256):
@@ -780,7 +786,11 @@ def _plan_restore(target, ledger, key, entry, ids, by_id, force, rows, writes, u
         row.outcome = "no-backup"
         row.detail = f"{entry.path} also carries {', '.join(unknown)}, which is not loaded: pass its --patch-dir"
         return
-    keep = [(by_id[i], r) for i in others for r in by_id[i].rewrites_for(entry.version) if r.path == entry.path]
+    keep = [(by_id[i], r) for i in others for r in by_id[i].rewrites_to_run(entry.version) if r.path == entry.path]
+    if lost := sorted(set(others) - {p.id for p, _ in keep}):
+        row.outcome = "no-backup"
+        row.detail = f"{entry.path} also carries {', '.join(lost)}, which has no rewrite of it for {entry.package} {entry.version}: unpatch them together"
+        return
     new = original
     if keep:
         new, _ = _transform(original, keep, entry.version, entry.path)
@@ -797,19 +807,56 @@ def _plan_restore(target, ledger, key, entry, ids, by_id, force, rows, writes, u
         row.detail = f"re-applied on the original: {', '.join(remaining)}"
 
 
+def _entry_file(ledger: Ledger, entry: FileEntry, patches: list[Patch], dist: Distribution | None) -> Path | None:
+    """Where a ledger entry's file is, only if a patch it names rewrites that file of that
+    package and the path stays inside the target (no symbolic link out): else the ledger
+    is damaged or hostile, and nothing is written."""
+    declared = {(p.package, r.path) for p in patches for r in p.rewrites}
+    if (entry.package, entry.path) not in declared:
+        raise ledger.damaged(f"{entry.package}:{entry.path} is no file that {', '.join(p.id for p in patches)} rewrites")
+    if dist is None:
+        return None
+    path = dist.file(entry.path)
+    if not _inside(dist, path):
+        raise ledger.damaged(f"{entry.path} resolves to {path.resolve()}, outside {dist.name}'s install root")
+    return path
+
+
+def _inside(dist: Distribution, path: Path) -> bool:
+    root = (dist.editable_root or dist.site).resolve()
+    return path.parent.resolve().is_relative_to(root)
+
+
+def _read_entry(ledger: Ledger, path: Path | None) -> bytes | None:
+    """A ledger entry's file now, or None when it is absent."""
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise ledger.damaged(f"{path} is a directory") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}", "run as a user that can read the environment") from None
+
+
 def _unrecorded(target: Target, patches: list[Patch], ledgers: dict[Path, Ledger]) -> list[Restore]:
     """Applied code with no ledger entry (the state was lost): nothing to restore from."""
+    result = plan(target, patches, need_bytes=False)
+    result.ledgers.update(ledgers)
+    return _unrecorded_rows(target, result)
+
+
+def _unrecorded_rows(target: Target, result: Plan) -> list[Restore]:
     rows = []
-    for f in plan(target, patches, need_bytes=False).findings:
+    for f in result.findings:
         if f.outcome not in (Outcome.ALREADY_APPLIED, Outcome.OUTDATED) or f.path is None:
             continue
         dist = target.find(f.patch.package)
-        if dist.key(f.path) in ledgers.get(dist.site, Ledger(dist.site)).files:
+        ledger = result.ledgers.get(dist.site) or Ledger(dist.site)
+        if dist.key(f.path) in ledger.files:
             continue
-        rows.append(
-            Restore(
-                dist.name, dist.version, f.path, [f.patch.id], "no-backup",
-                f"patched code without a ledger entry; reinstall: pip install --force-reinstall --no-deps {dist.name}=={dist.version}",
-            )
-        )
+        reinstall = f"pip install --force-reinstall --no-deps {dist.name}=={dist.version}"
+        rows.append(Restore(dist.name, dist.version, f.path, [f.patch.id], "no-backup", f"{f.path}: patched code without a ledger entry, so `unpatch` cannot restore it; reinstall: {reinstall}"))
     return rows

@@ -106,18 +106,18 @@ class Ledger:
         except FileNotFoundError:
             return ledger
         except (OSError, ValueError) as exc:
-            raise ledger._damaged(f"unreadable ({exc})") from None
+            raise ledger.damaged(f"unreadable ({exc})") from None
         if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
             found = raw.get("schema") if isinstance(raw, dict) else type(raw).__name__
             if isinstance(found, int) and found > SCHEMA:
                 raise UserError(f"{ledger.path}: ledger schema {found}, this sm120kit reads {SCHEMA}", "upgrade sm120kit (pip install -U sm120kit)")
-            raise ledger._damaged(f"schema {found!r}, expected {SCHEMA}")
+            raise ledger.damaged(f"schema {found!r}, expected {SCHEMA}")
         from sm120kit.patching.ledger_schema import LedgerDocument, problems
 
         try:
             doc = LedgerDocument.model_validate(raw)
         except ValueError as exc:
-            raise ledger._damaged(problems(exc)) from None
+            raise ledger.damaged(problems(exc)) from None
         ledger.files = {k: FileEntry(**v.model_dump()) for k, v in doc.files.items()}
         ledger.allowed_missing = {k: v.model_dump() for k, v in doc.allowed_missing.items()}
         ledger.loaded = ledger.document()
@@ -130,7 +130,7 @@ class Ledger:
             return bool(self.files or self.allowed_missing)
         return self.document() != self.loaded
 
-    def _damaged(self, why: str) -> UserError:
+    def damaged(self, why: str) -> UserError:
         return DamagedLedger(
             f"{self.path}: the sm120kit ledger is damaged: {why}",
             f"the markers in the code still tell patched from pristine: move it aside (mv {self.path} {self.path}.bad) "

@@ -67,6 +67,10 @@ class LedgerDocument(BaseModel):
         for key, entry in self.files.items():
             if key != f"{entry.package}:{entry.path}":
                 raise ValueError(f"files key {key!r} does not name its entry ({entry.package}:{entry.path})")
+        for key, allowance in self.allowed_missing.items():
+            package, _, patch_id = key.partition(":")
+            if package != allowance.package or not patch_id:
+                raise ValueError(f"allowed_missing key {key!r} is not <package>:<patch id> of its entry")
         return self
 
 

@@ -50,6 +50,12 @@ def _load_module(path: Path) -> Patch:
             f"{path}: PATCH.package is {patch.package!r} but the file is under {path.parent.name}/",
             f"move it to {path.parent.parent / patch.package}/",
         )
+    for rewrite in patch.rewrites:
+        if rewrite.upper is None:  # past it, sm120kit could not tell "unproven" from "not applicable"
+            raise UserError(
+                f"{path}: the rewrite of {rewrite.path} ({rewrite.versions!r}) names no last release it was proven on",
+                "end its range with <=X, X the newest release the rewrite was tested on",
+            )
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     return dataclasses.replace(patch, source=str(path), source_sha256=digest)
 

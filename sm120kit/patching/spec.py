@@ -109,7 +109,7 @@ class Rewrite:
     @cached_property
     def upper(self) -> tuple[Version, bool] | None:
         """The top of the range: (release, inclusive), or None for an open-ended range."""
-        bounds = [(Version(s.version), s.operator == "<=") for s in self._specifiers if s.operator in ("<", "<=")]
+        bounds = [(Version(s.version), s.operator != "<") for s in self._specifiers if s.operator in ("<", "<=", "==", "===") and "*" not in s.version]
         return min(bounds, key=lambda b: (b[0], not b[1])) if bounds else None
 
     @cached_property
@@ -151,6 +151,15 @@ class Patch:
 
     def is_fixed_in(self, version: str) -> bool:
         return self.fixed_in is not None and Version(version) >= Version(self.fixed_in)
+
+    def rewrites_to_run(self, version: str) -> list[Rewrite]:
+        """The rewrites whose transforms run on `version`: those proven on it, or past the
+        window the current ones whose part is not known fixed."""
+        if rewrites := self.rewrites_for(version):
+            return rewrites
+        if self.is_past_window(version):
+            return [r for r in self.current_rewrites if not self.part_fixed_in(r, version)]
+        return []
 
     def part_fixed_in(self, rewrite: Rewrite, version: str) -> bool:
         fixed = self.fixed_in_for(rewrite)

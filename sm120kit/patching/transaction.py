@@ -84,16 +84,21 @@ def commit(ledgers: dict[Path, Ledger], writes: list[FileWrite], op: str) -> Non
                 journal_path(site).unlink(missing_ok=True)
         raise _write_error(exc, exc.filename or ledgers[sites[0]].state_dir, [], writes) from None
 
-    done: list[FileWrite] = []
+    touched: list[FileWrite] = []  # a file counts as written from the moment its write starts
+    committed: list[Path] = []
+    failed: Path | None = None
     try:
         for w in writes:
+            failed = w.path
+            touched.append(w)
             _replace(w.path, w.after)
-            done.append(w)
         for site in sites:
+            failed = ledgers[site].path
             write_atomic(ledgers[site].path, docs[site])
+            committed.append(site)
     except OSError as exc:
-        failed = writes[len(done)].path if len(done) < len(writes) else ledgers[sites[0]].path
-        raise _write_error(exc, failed, _roll_back(done, sites), writes) from None
+        states = _roll_back(touched, sites, {site: ledgers[site] for site in committed})
+        raise _write_error(exc, failed, states, writes) from None
     for site in sites:
         _finish(ledgers[site])
 
@@ -104,17 +109,30 @@ def _replace(path: Path, data: bytes) -> None:
         raise OSError(errno.EIO, "does not read back as written", str(path))
 
 
-def _roll_back(done: list[FileWrite], sites: list[Path]) -> dict[Path, str]:
-    """Put back the old bytes of every file already written; the state each file is in.
-    The journals stay if any file could not be put back: the next run finishes the job."""
+def _roll_back(touched: list[FileWrite], sites: list[Path], committed: dict[Path, Ledger]) -> dict[Path, str]:
+    """Put back the old bytes of every file whose write started (and the ledgers of sites
+    that already committed); the state each file is in. The journals stay if anything
+    could not be put back: the next run finishes the job."""
     states: dict[Path, str] = {}
-    for w in reversed(done):
+    for w in reversed(touched):
         try:
+            if w.path.read_bytes() == w.before:
+                states[w.path] = "unchanged"
+                continue
             _replace(w.path, w.before)
             states[w.path] = "rolled back"
         except OSError as exc:
-            states[w.path] = f"still written ({_reason(exc)}): the next `sm120kit patch` or `unpatch` rolls it back"
-    if all(s == "rolled back" for s in states.values()):
+            states[w.path] = f"maybe written ({_reason(exc)}): the next `sm120kit patch` or `unpatch` rolls it back"
+    for site, ledger in committed.items():
+        try:
+            if ledger.loaded is None:
+                ledger.path.unlink(missing_ok=True)
+            else:
+                write_atomic(ledger.path, ledger.loaded)
+            states[ledger.path] = "rolled back"
+        except OSError as exc:
+            states[ledger.path] = f"maybe written ({_reason(exc)}): the next `sm120kit patch` or `unpatch` rolls it back"
+    if all(s in ("unchanged", "rolled back") for s in states.values()):
         for site in sites:
             with contextlib.suppress(OSError):
                 _remove_journal(site)
@@ -125,10 +143,9 @@ def _write_error(exc: OSError, failed, states: dict[Path, str], writes: list[Fil
     lines = [f"writing {failed} failed ({_reason(exc)})"]
     if exc.errno == errno.ENOSPC:
         lines[0] += f": the disk holding it, {_mount_point(Path(failed).parent)}, is full ({_free(Path(failed))} free)"
-    for w in writes:
-        state = states.get(w.path, "unchanged")
-        lines.append(f"  {w.path}: {state}")
-    clean = all(s in ("unchanged", "rolled back") for s in [states.get(w.path, "unchanged") for w in writes])
+    for path in dict.fromkeys([*(w.path for w in writes), *states]):
+        lines.append(f"  {path}: {states.get(path, 'unchanged')}")
+    clean = all(s in ("unchanged", "rolled back") for s in states.values())
     lines.append("nothing was changed" if clean else "an interrupted run is recorded in the state directory")
     hint = "free some space and run the command again" if exc.errno == errno.ENOSPC else "fix the cause and run the command again"
     return UserError("\n".join(lines), hint)

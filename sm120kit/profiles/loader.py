@@ -282,7 +282,8 @@ def _describe(err: dict, data: dict) -> tuple[Path_, str, str]:
             return path, message, hint
     where = _dotted(path) or "(profile)"
     if err["type"] == "owned_flag":  # extra_args naming a flag that a field renders
-        return path, f"{where}: {err['msg']}", f"remove {path[-1]} from [extra_args] and set {err['ctx']['owner']}"
+        owner = err["ctx"]["owner"]
+        return path, f"{where}: {err['msg']}", f"remove {path[-1]} from [extra_args]" + (f" and set {owner}" if owner else "")
     if err["type"] == "value_error":
         message = err["msg"].removeprefix("Value error, ")
         return path, message if message.startswith(where + ".") else f"{where}: {message}", "fix the value"

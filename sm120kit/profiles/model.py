@@ -75,17 +75,20 @@ FLAG_OWNERS: dict[str, str] = {
     "--host": "server.host",
     "--port": "server.port",
     **dict.fromkeys(("--api-key", "--config"), "server.api_key_env"),  # the key reaches sglang in sm120kit's own --config file
+    "--admin-api-key": "",  # a secret with no field: never in argv, where every user can read it
 }
 
 
 def owned_flag_problem(flag: str, owner: str) -> str:
+    if not owner:
+        return f"{flag} carries a secret, and argv is readable by every user of the machine: sm120kit does not pass it"
     if owner == "server.api_key_env":
         return f"{flag} carries the API key, which sm120kit passes from the variable that server.api_key_env names (never in argv): set {owner} instead"
     return f"{flag} is rendered from {owner}: set {owner} instead"
 
 
 def _not_owned(flag: str) -> str:
-    if owner := FLAG_OWNERS.get(flag):
+    if (owner := FLAG_OWNERS.get(flag)) is not None:
         raise PydanticCustomError("owned_flag", owned_flag_problem(flag, owner), {"owner": owner})
     return flag
 

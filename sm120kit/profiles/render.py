@@ -15,7 +15,7 @@ from packaging.version import Version
 
 from sm120kit.errors import UserError
 from sm120kit.profiles.flags import FlagSchema
-from sm120kit.profiles.model import FLAG_OWNERS, Profile, is_loopback
+from sm120kit.profiles.model import FLAG_OWNERS, Profile, is_loopback, owned_flag_problem
 
 BARE = object()  # a flag without a value
 DSA_BACKENDS = {"nsa", "dsa"}
@@ -222,7 +222,7 @@ def render(profile: Profile, schema: FlagSchema, python: str = "python3") -> Lau
         spec = schema.get(flag)
         if spec is not None and spec.name in owned:  # another spelling of a flag that a field sets
             owner = owned[spec.name]
-            out.errors.append(f"extra_args.{flag!r}: sglang {schema.version} reads it as {spec.name}, which {owner} sets: set {owner} instead")
+            out.errors.append(f"extra_args.{flag!r}: sglang {schema.version} reads it as {spec.name}: {owned_flag_problem(spec.name, owner)}")
             continue
         if value is None or value is False:
             continue

@@ -83,7 +83,11 @@ def check_patches(profile: Profile, target, patch_dirs: list[str] | None, allow_
     if code == 0:
         return Check("patches", True, f"{len(profile.patches)} in place, fixed upstream or not needed{note}")
     drift = sorted({f"{f.patch.id}: {f.outcome.value}" + (f" ({f.detail})" if f.detail and code == 2 else "") for f in plan.errors + plan.pending})
+    drift += [first_line for problem in plan.damaged if (first_line := problem.splitlines()[0])]
+    drift += [f"an interrupted sm120kit run left {journal}" for journal in plan.interrupted]
     hints = list(dict.fromkeys(f"{f.patch.id}: {f.hint}" for f in plan.errors if f.hint))
+    if plan.interrupted:
+        hints.append("run `sm120kit patch --verify`: it finishes the interrupted run first")
     hint = "; ".join(hints) if hints else "run `sm120kit patch --verify`" if code == 1 else "run `sm120kit status` for the details"
     return Check("patches", False, "not in place: " + "; ".join(drift), hint + " (or start anyway with --no-patch-check)")
 
@@ -122,10 +126,15 @@ def check_stale(kill: bool, timeout: float = STALE_STOP_TIMEOUT_S) -> Check:
     subreaper). A healthy server someone else started is named and left alone."""
     from sm120kit.serve.rundir import runs
 
-    serving = [r for r in runs() if r["running"]]  # profiles sm120kit serves right now
+    records = runs()
+    serving = [r for r in records if r["running"]]  # profiles sm120kit serves right now
     live, supervisors = {r["marker"] for r in serving if r.get("marker")}, {r.get("supervisor_pid") for r in serving}
+    # Ours and over: a run recorded here whose supervisor is gone. A marker this state
+    # directory does not know (another user's, another SM120KIT_STATE_DIR) proves nothing:
+    # such a process is judged like any other, by the orphan rule.
+    ended = {r["marker"] for r in records if not r["running"] and r.get("marker")}
     found = [p for p in procs.scan(marker="", sglang=True) if (p.marker is None or p.marker not in live) and not procs.ancestors(p.pid) & supervisors]
-    stale = [p for p in found if p.marker is not None or p.orphan]
+    stale = [p for p in found if p.marker in ended or p.orphan]
     others = [p for p in found if p not in stale]
     note = f"; another sglang server, not started by sm120kit, left alone: {'; '.join(p.line() for p in others)}" if others else ""
     if not stale:
