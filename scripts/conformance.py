@@ -86,7 +86,7 @@ def run_cli(*argv) -> tuple[int, dict]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         code = sm120kit([*map(str, argv), "--json"])
     text = out.getvalue()
-    return code, json.loads(text[text.index("{") :]) if "{" in text else {}
+    return code, json.loads(text) if text.strip() else {}
 
 
 def record_sha256(site: Path, package: str, relpath: str) -> str | None:
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     patch_ids = [p.id for p in load_patches()]
     # A base profile (no model: a node to extend) is not served on its own.
     profiles = [name for name, _, _ in list_profiles(None) if load_profile(name).model.path]
-    members = _patched_members() if args.patched_files_only else SOURCES
+    members = sorted({r.path for p in load_patches() for r in p.rewrites}) + fetch_wheels.SCHEMA_SOURCES if args.patched_files_only else SOURCES
     scratch = Path(tempfile.mkdtemp(prefix="sm120kit-conformance-"))
     releases: list[Release] = []
     try:
@@ -218,12 +218,6 @@ def main(argv: list[str] | None = None) -> int:
     failures = [f for r in releases for f in r.failures]
     print(f"report: {args.report}" + (f" ({len(failures)} problem(s))" if failures else " (every cell settled and proven)"))
     return 1 if failures else 0
-
-
-def _patched_members() -> list[str]:
-    """The files the patches name, and those the flag schema is read from."""
-    files = {r.path for p in load_patches() for r in p.rewrites}
-    return sorted(files) + ["sglang/srt/server_args.py", "sglang/srt/arg_groups/*.py", "sglang/srt/utils/common.py", "sglang/srt/model_executor/cuda_graph_config.py"]
 
 
 if __name__ == "__main__":

@@ -39,6 +39,16 @@ PLATFORM = [
 ]  # fmt: skip
 
 
+# What sm120kit reads sglang's flag schema from (profiles render for it): with the files the
+# patches name, all an install needs to hold for the patch and profile commands.
+SCHEMA_SOURCES = [
+    "sglang/srt/server_args.py",
+    "sglang/srt/arg_groups/*.py",
+    "sglang/srt/utils/common.py",
+    "sglang/srt/model_executor/cuda_graph_config.py",
+]
+
+
 def cache_dir() -> Path:
     path = Path(os.environ.get("SM120KIT_WHEEL_CACHE") or Path.home() / ".cache" / "sm120kit" / "wheels")
     path.mkdir(parents=True, exist_ok=True)

@@ -215,8 +215,6 @@ def cmd_status(args) -> int:
         report.emit_json(report.plan_json("status", plan, code))
         return code
     report.print_plan(plan, args.debug)
-    if unproven := report.unproven_summary(plan):
-        print(unproven)
     return code
 
 
@@ -249,15 +247,13 @@ def cmd_patch(args) -> int:
         return code
     report.print_plan(plan, args.debug)
     print(report.summary(plan.findings) + ("" if not plan.errors else "; nothing was written"))
-    if unproven := report.unproven_summary(plan):
-        print(unproven)
     if args.check and code == 1:
         print("would change: run `sm120kit patch` to apply")
     if args.verify:
         if problems:
             print("verify FAILED:\n  " + "\n  ".join(problems), file=sys.stderr)
         elif code == 0:
-            caveat = "; unproven on this release: see above" if unproven else ""
+            caveat = "; unproven on this release: see above" if plan.unproven else ""
             print(f"verified: every patch is in place, fixed upstream or not applicable, and matches the ledger{caveat}")
     return code
 

@@ -13,3 +13,14 @@ class UserError(Exception):
 
     def __str__(self) -> str:
         return self.message if not self.hint else f"{self.message}\n  next: {self.hint}"
+
+
+def problems(exc: Exception, limit: int = 3) -> str:
+    """A validation error on one line: where and what, for the first few (pydantic's
+    ValidationError, read by duck typing so this module imports nothing heavy); any other
+    exception as its message."""
+    errors = exc.errors() if callable(getattr(exc, "errors", None)) else None
+    if not errors:
+        return str(exc)
+    found = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the document'}: {e['msg']}" for e in errors[:limit])
+    return found + (f"; and {len(errors) - limit} more" if len(errors) > limit else "")

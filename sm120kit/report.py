@@ -110,16 +110,16 @@ def print_cache_notes(result) -> None:
 
 def print_plan(plan: Plan, debug: bool) -> None:
     print(f"target: {plan.target.description}")
-    for problem in plan.damaged:
+    for problem in plan.blockers:
         print(f"error: {problem}", file=sys.stderr)
-    for journal in plan.interrupted:
-        print(f"error: an interrupted sm120kit run left {journal}: run `sm120kit patch` or `sm120kit unpatch` to finish it", file=sys.stderr)
     for message in lost_messages(plan):
         print(message)
     print_cache_notes(plan)
     print(findings_table(plan.findings, debug))
     for hint in dict.fromkeys(f"{f.patch.id}: {f.hint}" for f in plan.errors if f.hint):
         print(f"next: {hint}")
+    if unproven := unproven_summary(plan):
+        print(unproven)
 
 
 def _detail(f: Finding, debug: bool) -> str:

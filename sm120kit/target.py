@@ -64,22 +64,26 @@ class Distribution:
         return Path(unquote(url.path)) if url.scheme == "file" else None
 
     @cached_property
-    def _record_text(self) -> str:
+    def _record(self) -> tuple[str, bool]:
+        """RECORD's text, and whether it was damaged (not UTF-8, as PEP 376 has it): a
+        damaged byte elsewhere must not hide the rows sm120kit needs."""
         try:
             raw = (self.dist_info / "RECORD").read_bytes()
         except OSError:
-            return ""
-        return "\n" + raw.decode("utf-8", "replace")  # a damaged byte elsewhere must not hide the rows we need
+            return "", False
+        try:
+            return "\n" + raw.decode("utf-8"), False
+        except UnicodeDecodeError:
+            return "\n" + raw.decode("utf-8", "replace"), True
 
     @property
     def record_damaged(self) -> bool:
-        """RECORD is UTF-8 (PEP 376); anything else means a damaged installation."""
-        return "\ufffd" in self._record_text
+        return self._record[1]
 
     def recorded_sha256(self, relpath: str) -> str | None:
         """The sha256 (hex) that RECORD gives for `relpath`, or None (not listed, no hash).
         Finds the one row instead of parsing all of them (0.5.23's RECORD has 6,400)."""
-        text = self._record_text
+        text = self._record[0]
         for needle in (f"\n{relpath},", f'\n"{relpath}",'):
             start = text.find(needle)
             if start >= 0:

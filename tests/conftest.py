@@ -28,12 +28,7 @@ FIXTURE_PATCHES = ROOT / "tests" / "fixtures" / "patches"
 
 # The files the shipped patches (and the fixture patch) touch, and those the flag schema is
 # read from; unpacking just these and the dist-info keeps a release install fast.
-MEMBERS = sorted({r.path for p in load_patches([str(FIXTURE_PATCHES)]) for r in p.rewrites}) + [
-    "sglang/srt/server_args.py",  # and what follows: the flag schema that profiles render for
-    "sglang/srt/arg_groups/*.py",
-    "sglang/srt/utils/common.py",
-    "sglang/srt/model_executor/cuda_graph_config.py",
-]
+MEMBERS = sorted({r.path for p in load_patches([str(FIXTURE_PATCHES)]) for r in p.rewrites}) + fetch_wheels.SCHEMA_SOURCES
 
 
 # The host's processes are not the tests' business: scans see only this test run's
@@ -76,6 +71,13 @@ def replace_installed(site: Path, package: str, relpath: str, data: bytes) -> No
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     rows = [f"{relpath},sha256={digest},{len(data)}" if line.startswith(f"{relpath},") else line for line in (dist_info / "RECORD").read_text().splitlines()]
     (dist_info / "RECORD").write_text("\n".join(rows) + "\n")
+
+
+def patch_dir(root: Path, package: str, name: str, source: str) -> Path:
+    """A --patch-dir holding one user patch module: root/<package>/<name>.py."""
+    (root / package).mkdir(parents=True, exist_ok=True)
+    (root / package / f"{name}.py").write_text(source)
+    return root
 
 
 def next_release(version: str) -> str | None:

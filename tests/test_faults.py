@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import FIXTURE_PATCHES, install, replace_installed, tree_snapshot
+from conftest import FIXTURE_PATCHES, install, patch_dir, replace_installed, tree_snapshot
 from filelock import FileLock
 
 from sm120kit.patching import transaction
@@ -111,10 +111,8 @@ def test_concurrent_run_is_refused(cli, site10):
 
 
 def test_broken_user_patch_module(cli, site10, tmp_path):
-    bad = tmp_path / "mine" / "sglang"
-    bad.mkdir(parents=True)
-    (bad / "oops.py").write_text("PATCH = 1 / 0\n")
-    err = assert_refused(cli, site10, "patch", "--site", site10, "--patch-dir", tmp_path / "mine", says="failed to load")
+    mine = patch_dir(tmp_path / "mine", "sglang", "oops", "PATCH = 1 / 0\n")
+    err = assert_refused(cli, site10, "patch", "--site", site10, "--patch-dir", mine, says="failed to load")
     assert "oops.py" in err and "ZeroDivisionError" in err
 
 
@@ -169,12 +167,11 @@ def test_patch_path_environment_variable(cli, site10, monkeypatch):
 
 def test_a_user_patch_must_name_the_last_release_it_was_proven_on(cli, site10, tmp_path):
     """Without a top to its range, a newer release could never be told unproven."""
-    mine = tmp_path / "mine" / "sglang"
-    mine.mkdir(parents=True)
-    (mine / "open_ended.py").write_text(
+    source = (
         "from sm120kit.patching.spec import AlreadyApplied, Patch, Rewrite\n"
         "PATCH = Patch(id='open-ended', package='sglang', summary='s', why='w',\n"
         "    rewrites=(Rewrite('sglang/version.py', '>=0.5.9', lambda m, c: AlreadyApplied()),))\n"
     )
-    err = assert_refused(cli, site10, "status", "--site", site10, "--patch-dir", tmp_path / "mine", says="names no last release it was proven on")
+    mine = patch_dir(tmp_path / "mine", "sglang", "open_ended", source)
+    err = assert_refused(cli, site10, "status", "--site", site10, "--patch-dir", mine, says="names no last release it was proven on")
     assert "<=X" in err

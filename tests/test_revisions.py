@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import install, tree_snapshot, wheel_bytes
+from conftest import install, patch_dir, tree_snapshot, wheel_bytes
 from test_release_lifecycle import record_digest
 
 from sm120kit.patching.registry import load_patches, shipped_dir
@@ -38,10 +38,7 @@ def revision_2(patch_id: str, root) -> str:
     changed = source.replace('marker_line(f"{ctx.marker}: ', 'marker_line(f"{ctx.marker}: (r2) ')
     assert changed != source
     changed = changed.replace("PATCH = Patch(\n", "PATCH = Patch(\n    revision=2,\n", 1)
-    directory = root / "r2" / patch.package
-    directory.mkdir(parents=True)
-    (directory / f"{patch_id.replace('-', '_')}.py").write_text(changed)
-    return str(root / "r2")
+    return str(patch_dir(root / "r2", patch.package, patch_id.replace("-", "_"), changed))
 
 
 def package_version(doc: dict, package: str) -> str:
@@ -152,13 +149,12 @@ def test_a_revision_that_finds_the_fix_upstream_leaves_the_vendor_bytes_unrecord
     patch_id = "sglang-dsa-page-table-guard"
     install(site, "0.5.23", flashinfer=False)
     assert cli("patch", "--site", site, "--only", patch_id)[0] == 0
-    r2 = tmp_path / "r2" / "sglang"
-    r2.mkdir(parents=True)
-    (r2 / "dsa.py").write_text(
+    source = (
         "from sm120kit.patching.spec import FixedUpstream, Patch, Rewrite\n"
         "PATCH = Patch(id='sglang-dsa-page-table-guard', package='sglang', summary='s', why='w', revision=2,\n"
         f"    rewrites=(Rewrite({FORWARD_MHA!r}, '>=0.5.9,<=0.5.23', lambda m, c: FixedUpstream('upstream has it')),))\n"
     )
+    patch_dir(tmp_path / "r2", "sglang", "dsa", source)
     code, doc = cli.json("patch", "--site", site, "--patch-dir", tmp_path / "r2", "--only", patch_id)
     assert code == 0, doc
     assert (site / FORWARD_MHA).read_bytes() == wheel_bytes("0.5.23", FORWARD_MHA)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import WINDOW, flashinfer_pin, install, raise_version, replace_installed, tree_snapshot, wheel_bytes
+from conftest import WINDOW, flashinfer_pin, install, patch_dir, raise_version, replace_installed, tree_snapshot, wheel_bytes
 from standin import free_port
 
 from sm120kit.patching.registry import load_patches
@@ -195,9 +195,7 @@ def test_an_upgrade_past_the_window_is_never_a_false_green(site, cli):
 def test_unpatch_only_one_of_two_patches_past_the_window_keeps_the_other(future, tmp_path, cli):
     """Two patches on one file of 0.5.24: unpatching one re-applies the other to the
     vendor's bytes (by shape, as the plan ran it), never drops it silently."""
-    mine = tmp_path / "mine" / "sglang"
-    mine.mkdir(parents=True)
-    (mine / "tail_marker.py").write_text(
+    source = (
         "from sm120kit.patching.cst_tools import marker_line\n"
         "from sm120kit.patching.spec import AlreadyApplied, Patch, Rewrite, Rewritten\n"
         "def mark(module, ctx):\n"
@@ -207,7 +205,7 @@ def test_unpatch_only_one_of_two_patches_past_the_window_keeps_the_other(future,
         "PATCH = Patch(id='test-tail-marker', package='sglang', summary='s', why='w',\n"
         f"    rewrites=(Rewrite({FORWARD_MHA!r}, '>=0.5.9,<=0.5.23', mark),))\n"
     )
-    args = ("--site", future, "--patch-dir", tmp_path / "mine")
+    args = ("--site", future, "--patch-dir", patch_dir(tmp_path / "mine", "sglang", "tail_marker", source))
     assert cli("patch", *args, "--only", DSA, "--only", "test-tail-marker")[0] == 0
     code, doc = cli.json("unpatch", *args, "--only", DSA)
     assert code == 0 and doc["results"][0]["detail"] == "re-applied on the original: test-tail-marker"

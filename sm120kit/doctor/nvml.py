@@ -93,8 +93,8 @@ def load(path: str) -> dict:
     doc = doc.get("nvml", doc) if isinstance(doc, dict) else None
     if not isinstance(doc, dict) or not ("gpus" in doc or "error" in doc):
         raise UserError(f"--nvml {path}: not an NVML document (no \"gpus\" or \"error\")", "pass a file written by `sm120kit doctor --json`")
-    from sm120kit.doctor.nvml_schema import problems
+    from sm120kit.doctor.nvml_schema import validate
 
-    if found := problems(doc):
+    if found := validate(doc):
         raise UserError(f"--nvml {path}: not an NVML document as `doctor --json` writes it: {found}", "pass a file written by `sm120kit doctor --json`")
     return doc

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sm120kit.errors import problems
+
 STRICT = ConfigDict(strict=True, extra="allow")  # strict types; keys a newer sm120kit adds are fine
 
 
@@ -52,11 +54,10 @@ class Document(BaseModel):
     topology: list[list[str | None]] = []
 
 
-def problems(doc: dict) -> str:
-    """"" for a valid document, else where and what is wrong (the first three)."""
+def validate(doc: dict) -> str:
+    """"" for a valid document, else where and what is wrong."""
     try:
         Document.model_validate(doc)
     except ValidationError as exc:
-        found = [f"{'.'.join(map(str, e['loc'])) or 'the document'}: {e['msg']}" for e in exc.errors()[:3]]
-        return "; ".join(found)
+        return problems(exc)
     return ""

@@ -136,8 +136,14 @@ class Plan:
     def unproven(self) -> list[Finding]:
         return [f for f in self.findings if f.unproven and f.outcome not in (Outcome.FIXED_UPSTREAM, Outcome.NOT_APPLICABLE)]
 
+    @property
+    def blockers(self) -> list[str]:
+        """Errors of the whole plan, not of one finding: a damaged ledger, an unfinished run."""
+        unfinished = [f"an interrupted sm120kit run left {j}: run `sm120kit patch` or `sm120kit unpatch` to finish it" for j in self.interrupted]
+        return [*self.damaged, *unfinished]
+
     def exit_code(self, check: bool) -> int:
-        if self.errors or self.interrupted or self.damaged:
+        if self.errors or self.blockers:
             return 2
         if check and self.pending:
             return 1
@@ -249,12 +255,12 @@ def plan(
         ledger = result.ledgers[dist.site]
         per_file: dict[str, list[tuple[Patch, Rewrite]]] = defaultdict(list)
         for patch in group:
-            if rewrites := patch.rewrites_for(dist.version):
-                for rewrite in rewrites:
-                    per_file[rewrite.path].append((patch, rewrite))
-            elif patch.is_past_window(dist.version):
-                result.findings += _past_window(patch, dist, per_file)
-            else:
+            to_run = patch.rewrites_to_run(dist.version)
+            for rewrite in to_run:
+                per_file[rewrite.path].append((patch, rewrite))
+            if patch.is_past_window(dist.version):
+                result.findings += _fixed_by_version(patch, dist, to_run)
+            elif not to_run:
                 outcome, detail = _outside_window(patch, dist)
                 result.findings.append(Finding(patch, outcome, detail, dist.version, fixed_in=patch.fixed_in))
         allowed = {pid: "--allow-missing" for pid in allow_missing}
@@ -312,23 +318,14 @@ def _stale_jit_caches(dist: Distribution, ledger: Ledger) -> list[str]:
     ]
 
 
-def unproven_note(patch: Patch, dist: Distribution) -> str:
-    return f"unproven on {dist.name} {dist.version} (proven {patch.window})"
-
-
-def _past_window(patch: Patch, dist: Distribution, per_file: dict[str, list[tuple[Patch, Rewrite]]]) -> list[Finding]:
-    """A release newer than every one the patch was proven on: a part whose bug upstream
-    fixed is fixed-upstream by version; every other part of the window's top runs by shape
-    (its findings are marked unproven by _plan_file)."""
-    findings = []
-    for rewrite in patch.current_rewrites:
-        fixed = patch.fixed_in_for(rewrite)
-        if patch.part_fixed_in(rewrite, dist.version):
-            detail = f"fixed upstream in {fixed} (by version; proven {patch.window})"
-            findings.append(Finding(patch, Outcome.FIXED_UPSTREAM, detail, dist.version, rewrite.path, fixed))
-        else:
-            per_file[rewrite.path].append((patch, rewrite))
-    return findings
+def _fixed_by_version(patch: Patch, dist: Distribution, to_run: list[Rewrite]) -> list[Finding]:
+    """Past the proven window, the parts of the window's top that do not run by shape: their
+    bug is known fixed upstream in this release."""
+    return [
+        Finding(patch, Outcome.FIXED_UPSTREAM, f"fixed upstream in {fixed} (by version; proven {patch.window})", dist.version, r.path, fixed)
+        for r in patch.current_rewrites
+        if r not in to_run and (fixed := patch.fixed_in_for(r))
+    ]
 
 
 def _outside_window(patch: Patch, dist: Distribution) -> tuple[Outcome, str]:
@@ -424,7 +421,7 @@ def _qualified(findings: list[Finding], dist: Distribution, allowed: dict[str, s
     for f in findings:
         past = f.patch.is_past_window(dist.version)
         if past:
-            f.unproven = unproven_note(f.patch, dist)
+            f.unproven = f"unproven on {dist.name} {dist.version} (proven {f.patch.window})"
         if f.outcome is not Outcome.ANCHOR_MISSING:
             continue
         if past:
@@ -439,6 +436,9 @@ def _qualified(findings: list[Finding], dist: Distribution, allowed: dict[str, s
             f.allowed = True
             f.detail += f" (allowed: {allowed[f.patch.id]})"
     return findings
+
+
+WILL_REBUILD = ": `sm120kit patch` rebuilds it from the vendor's bytes"
 
 
 def _other_revisions(source: bytes, items) -> dict[str, set[int]]:
@@ -483,7 +483,7 @@ def _rebuild(before: bytes, dist: Distribution, ledger: Ledger, entry: FileEntry
             f.detail, f.stuck, f.hint = f"{f.detail}, and cannot be rebuilt: {problem}", True, hint
         return None, findings
     for f in outdated:
-        f.detail += ": `sm120kit patch` rebuilds it from the vendor's bytes"
+        f.detail += WILL_REBUILD
     if not need_bytes:
         return None, findings
     after, rebuilt = _transform(vendor, items, dist.version, relpath)
@@ -599,7 +599,7 @@ def apply(
                 _write_plan(result, keep_jit_cache)
     except ReadOnly:
         result = plan(target, patches, force, allow_missing=allow_missing, tolerate_damage=False)
-        if not (result.errors or result.interrupted) and (result.changes or result.drop or result.allowances):
+        if not (result.errors or result.blockers) and (result.changes or result.drop or result.allowances):
             raise
     return result
 
@@ -620,7 +620,7 @@ def _write_plan(result: Plan, keep_jit_cache: bool) -> None:
         if f.outcome is Outcome.WOULD_APPLY:
             f.outcome = Outcome.APPLIED
         elif f.outcome is Outcome.OUTDATED and (f.patch.package, f.path) in written:
-            f.outcome, f.detail = Outcome.APPLIED, f"{f.detail.split(':')[0]}: rebuilt from the vendor's bytes"
+            f.outcome, f.detail = Outcome.APPLIED, f.detail.removesuffix(WILL_REBUILD) + ": rebuilt from the vendor's bytes"
 
 
 def _after_source_change(result: Plan | Unpatched, dists, keep_jit_cache: bool) -> None:
@@ -661,7 +661,7 @@ def verify(target: Target, patches: list[Patch]) -> list[str]:
     applicable, and every ledger entry must match the bytes on disk. Returns problems."""
     result = plan(target, patches, cache=False)
     problems = [f"{f.patch.id}: {f.outcome.value} {f.detail}".rstrip() for f in result.findings if f.is_error or f.outcome in (Outcome.WOULD_APPLY, Outcome.OUTDATED)]
-    problems += [f"{path}: an interrupted run is not finished: run `sm120kit patch` or `sm120kit unpatch`" for path in result.interrupted]
+    problems += result.blockers
     problems += [row.detail for row in _unrecorded_rows(target, result)]
     for ledger in result.ledgers.values():
         for key, entry in ledger.files.items():

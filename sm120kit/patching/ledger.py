@@ -112,7 +112,8 @@ class Ledger:
             if isinstance(found, int) and found > SCHEMA:
                 raise UserError(f"{ledger.path}: ledger schema {found}, this sm120kit reads {SCHEMA}", "upgrade sm120kit (pip install -U sm120kit)")
             raise ledger.damaged(f"schema {found!r}, expected {SCHEMA}")
-        from sm120kit.patching.ledger_schema import LedgerDocument, problems
+        from sm120kit.errors import problems
+        from sm120kit.patching.ledger_schema import LedgerDocument
 
         try:
             doc = LedgerDocument.model_validate(raw)

@@ -8,7 +8,7 @@ import re
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 HEX64 = r"^[0-9a-f]{64}$"
 
@@ -73,14 +73,3 @@ class LedgerDocument(BaseModel):
                 raise ValueError(f"allowed_missing key {key!r} is not <package>:<patch id> of its entry")
         return self
 
-
-def problems(exc: ValueError) -> str:
-    """pydantic's errors as one line: where, and what is wrong."""
-    if not isinstance(exc, ValidationError):
-        return str(exc)
-    found = []
-    for error in exc.errors()[:3]:
-        where = ".".join(str(p) for p in error["loc"]) or "the document"
-        found.append(f"{where}: {error['msg']}")
-    more = len(exc.errors()) - 3
-    return "; ".join(found) + (f"; and {more} more" if more > 0 else "")

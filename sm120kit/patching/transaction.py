@@ -62,11 +62,11 @@ def commit(ledgers: dict[Path, Ledger], writes: list[FileWrite], op: str) -> Non
     """Write every file and every ledger as one transaction (see the module docstring).
     Raises UserError, after rolling back what it can, when a write fails."""
     sites = sorted(ledgers)
-    _check_space(ledgers, writes)
+    docs = {site: ledgers[site].document() for site in sites}
+    _check_space(ledgers, docs, writes)
     try:
         for w in writes:
             ledgers[w.site].store_backup(w.before)
-        docs = {site: ledgers[site].document() for site in sites}
         for site in sites:
             mine = [w for w in writes if w.site == site]
             journal = {
@@ -170,7 +170,7 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def _check_space(ledgers: dict[Path, Ledger], writes: list[FileWrite]) -> None:
+def _check_space(ledgers: dict[Path, Ledger], docs: dict[Path, bytes], writes: list[FileWrite]) -> None:
     """Refuse before anything is written when a filesystem cannot hold the run: a new file
     is written beside the old one, and each backup and ledger needs room too."""
     need: dict[int, tuple[Path, int]] = {}
@@ -184,8 +184,8 @@ def _check_space(ledgers: dict[Path, Ledger], writes: list[FileWrite]) -> None:
     for w in writes:
         add(w.path.parent, len(w.after))
         add(ledgers[w.site].state_dir, len(w.before))
-    for ledger in ledgers.values():
-        add(ledger.state_dir, 2 * len(ledger.document()) + 8192)  # the ledger and the journal
+    for site, doc in docs.items():
+        add(ledgers[site].state_dir, 2 * len(doc) + 8192)  # the ledger and the journal
     for path, total in need.values():
         free = shutil.disk_usage(path).free
         if free < total:

@@ -83,11 +83,8 @@ def check_patches(profile: Profile, target, patch_dirs: list[str] | None, allow_
     if code == 0:
         return Check("patches", True, f"{len(profile.patches)} in place, fixed upstream or not needed{note}")
     drift = sorted({f"{f.patch.id}: {f.outcome.value}" + (f" ({f.detail})" if f.detail and code == 2 else "") for f in plan.errors + plan.pending})
-    drift += [first_line for problem in plan.damaged if (first_line := problem.splitlines()[0])]
-    drift += [f"an interrupted sm120kit run left {journal}" for journal in plan.interrupted]
+    drift += [problem.splitlines()[0] for problem in plan.blockers]
     hints = list(dict.fromkeys(f"{f.patch.id}: {f.hint}" for f in plan.errors if f.hint))
-    if plan.interrupted:
-        hints.append("run `sm120kit patch --verify`: it finishes the interrupted run first")
     hint = "; ".join(hints) if hints else "run `sm120kit patch --verify`" if code == 1 else "run `sm120kit status` for the details"
     return Check("patches", False, "not in place: " + "; ".join(drift), hint + " (or start anyway with --no-patch-check)")
 

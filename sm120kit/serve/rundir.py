@@ -15,6 +15,8 @@ from pathlib import Path
 
 import psutil
 
+from sm120kit.errors import problems
+
 ENV_VAR = "SM120KIT_STATE_DIR"
 LOG_BACKUPS = 5
 
@@ -167,14 +169,6 @@ def _validated(state) -> dict:
     return state
 
 
-def _why(exc: Exception) -> str:
-    from pydantic import ValidationError
-
-    if isinstance(exc, ValidationError):
-        return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3])
-    return str(exc)
-
-
 def runs() -> list[dict]:
     """The state of every profile that was served here, the live ones first."""
     found = []
@@ -183,7 +177,7 @@ def runs() -> list[dict]:
         try:
             state = _validated(json.loads(path.read_text()))
         except (OSError, ValueError) as exc:  # reported, never skipped: `ps` must not say "nothing served"
-            found.append({"profile": path.parent.name, "status": "damaged", "running": False, "dir": str(path.parent), "error": f"{path}: {_why(exc)}"})
+            found.append({"profile": path.parent.name, "status": "damaged", "running": False, "dir": str(path.parent), "error": f"{path}: {problems(exc)}"})
             continue
         alive = _supervisor_alive(state)
         if not alive and state.get("status") not in ("stopped", "gave-up"):
