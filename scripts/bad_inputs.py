@@ -30,7 +30,14 @@ DSA_FILE = "sglang/srt/models/deepseek_common/attention_forward_methods/forward_
 
 
 def sm120kit(argv, env=None, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sm120kit", *map(str, argv)], capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "sm120kit", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        timeout=180,
+    )
 
 
 class Sites:
@@ -97,19 +104,76 @@ def patch_cases(sites: Sites, tmp: Path) -> list[tuple[str, list, dict, int]]:
     (journal / ".sm120kit" / "journal.json").write_text("{not json")
     s = lambda site: ["--site", site]  # noqa: E731
     return [
-        ("ledger path ../outside/victim.txt: unpatch", ["unpatch", *s(edit_ledger(sites.copy(), lambda d, e: moved(d, e, "../outside/victim.txt")))], {}, 2),
-        ("ledger absolute path: unpatch --force", ["unpatch", "--force", *s(edit_ledger(sites.copy(), lambda d, e: moved(d, e, str(outside / "victim.txt"))))], {}, 2),
-        ('ledger "patches" a string: unpatch', ["unpatch", *s(edit_ledger(sites.copy(), lambda d, e: e.update(patches="x")))], {}, 2),
-        ('ledger "patches" a string: status', ["status", *s(edit_ledger(sites.copy(), lambda d, e: e.update(patches="x")))], {}, 2),
-        ("ledger revision a string: patch", ["patch", *s(edit_ledger(sites.copy(), lambda d, e: e.update(patches={"sglang-dsa-page-table-guard": "1"})))], {}, 2),
-        ("ledger vendor hash a path: unpatch", ["unpatch", *s(edit_ledger(sites.copy(), lambda d, e: e.update(vendor_sha256="../../etc/passwd")))], {}, 2),
-        ("ledger schema 99: status", ["status", *s(edit_ledger(sites.copy(), lambda d, e: d.update(schema=99)))], {}, 2),
-        ("ledger a list: patch --verify", ["patch", "--verify", *s(edit_ledger(sites.copy(), lambda d, e: d.clear()))], {}, 2),
+        (
+            "ledger path ../outside/victim.txt: unpatch",
+            ["unpatch", *s(edit_ledger(sites.copy(), lambda d, e: moved(d, e, "../outside/victim.txt")))],
+            {},
+            2,
+        ),
+        (
+            "ledger absolute path: unpatch --force",
+            [
+                "unpatch",
+                "--force",
+                *s(edit_ledger(sites.copy(), lambda d, e: moved(d, e, str(outside / "victim.txt")))),
+            ],
+            {},
+            2,
+        ),
+        (
+            'ledger "patches" a string: unpatch',
+            ["unpatch", *s(edit_ledger(sites.copy(), lambda d, e: e.update(patches="x")))],
+            {},
+            2,
+        ),
+        (
+            'ledger "patches" a string: status',
+            ["status", *s(edit_ledger(sites.copy(), lambda d, e: e.update(patches="x")))],
+            {},
+            2,
+        ),
+        (
+            "ledger revision a string: patch",
+            [
+                "patch",
+                *s(edit_ledger(sites.copy(), lambda d, e: e.update(patches={"sglang-dsa-page-table-guard": "1"}))),
+            ],
+            {},
+            2,
+        ),
+        (
+            "ledger vendor hash a path: unpatch",
+            ["unpatch", *s(edit_ledger(sites.copy(), lambda d, e: e.update(vendor_sha256="../../etc/passwd")))],
+            {},
+            2,
+        ),
+        (
+            "ledger schema 99: status",
+            ["status", *s(edit_ledger(sites.copy(), lambda d, e: d.update(schema=99)))],
+            {},
+            2,
+        ),
+        (
+            "ledger a list: patch --verify",
+            ["patch", "--verify", *s(edit_ledger(sites.copy(), lambda d, e: d.clear()))],
+            {},
+            2,
+        ),
         ("backups a symlink out: unpatch", ["unpatch", *s(symlinked_backups())], {}, 2),
         ("state dir a symlink out: patch", ["patch", *s(symlinked_state())], {}, 2),
         ("journal not JSON: patch", ["patch", *s(journal)], {}, 2),
-        ("RECORD with non-UTF-8 bytes: status", ["status", *s(damaged("RECORD", b"", b"caf\xe9.py,sha256=\xff,1\n"))], {}, 1),
-        ("METADATA version not PEP 440: status", ["status", *s(damaged("METADATA", b"Version: 0.5.23", b"Version: 0.5.23 custom"))], {}, 2),
+        (
+            "RECORD with non-UTF-8 bytes: status",
+            ["status", *s(damaged("RECORD", b"", b"caf\xe9.py,sha256=\xff,1\n"))],
+            {},
+            1,
+        ),
+        (
+            "METADATA version not PEP 440: status",
+            ["status", *s(damaged("METADATA", b"Version: 0.5.23", b"Version: 0.5.23 custom"))],
+            {},
+            2,
+        ),
         ("--python that does not exist", ["status", "--python", tmp / "nope"], {}, 2),
         ("--python that fails", ["status", "--python", bad_python], {}, 2),
         ("--python and --site", ["status", "--python", sys.executable, "--site", sites.vendor], {}, 2),
@@ -134,19 +198,54 @@ def serve_cases(tmp: Path) -> list[tuple[str, list, dict, int]]:
     log = tmp / "x.log"
     log.write_text("hello\n")
     cases = []
-    for value in ("health.stop_timeout_s=inf", "health.startup_timeout_s=nan", "health.probe_interval_s=-1", "health.probe_timeout_s=1e300",
-                  "parallel.tp=0", "server.port=0", "engine.mem_fraction_static=nan", "engine.max_running_requests=-5",
-                  "engine.chunked_prefill_size=0", "health.max_restarts=-1", "extra_args.--x=nan", "node.gpus=100000"):  # fmt: skip
+    for value in (
+        "health.stop_timeout_s=inf",
+        "health.startup_timeout_s=nan",
+        "health.probe_interval_s=-1",
+        "health.probe_timeout_s=1e300",
+        "parallel.tp=0",
+        "server.port=0",
+        "engine.mem_fraction_static=nan",
+        "engine.max_running_requests=-5",
+        "engine.chunked_prefill_size=0",
+        "health.max_restarts=-1",
+        "extra_args.--x=nan",
+        "node.gpus=100000",
+    ):
         cases.append((f"--set {value}", ["profile", "show", "glm5-nvfp4", "--set", value], {}, 2))
-    for opt, value in (("--threshold", "inf"), ("--threshold", "0"), ("--input-len", "0"), ("--output-len", "-1"),
-                       ("--prompts-per-level", "nan"), ("--concurrency", "64,10000000")):  # fmt: skip
+    for opt, value in (
+        ("--threshold", "inf"),
+        ("--threshold", "0"),
+        ("--input-len", "0"),
+        ("--output-len", "-1"),
+        ("--prompts-per-level", "nan"),
+        ("--concurrency", "64,10000000"),
+    ):
         cases.append((f"bench {opt} {value}", ["bench", "--url", "http://127.0.0.1:9", opt, value], {}, 2))
     cases += [(f"diagnose --tail {v}", ["diagnose", log, "--tail", v], {}, 2) for v in ("0", "-5")]
     cases.append(("serve sm120-base (no model)", ["serve", "sm120-base", "--dry-run", "--python", py], {}, 2))
     cases.append(("profile check sm120-base", ["profile", "check", "sm120-base", "--python", py], {}, 2))
     for flag, value in (("--host", "0.0.0.0"), ("--api-key", SECRET), ("--tensor-parallel-size", "4")):
-        cases.append((f"extra_args {flag}", ["serve", "glm5-nvfp4", "--dry-run", "--python", py, "--set", f"extra_args.{flag}={value}"], {}, 2))
-    check = ["serve", "standin", "--profile-dir", PROFILES, "--python", py, "--no-gpu-check", "--set", "server.api_key_env=K", "--check"]
+        cases.append(
+            (
+                f"extra_args {flag}",
+                ["serve", "glm5-nvfp4", "--dry-run", "--python", py, "--set", f"extra_args.{flag}={value}"],
+                {},
+                2,
+            )
+        )
+    check = [
+        "serve",
+        "standin",
+        "--profile-dir",
+        PROFILES,
+        "--python",
+        py,
+        "--no-gpu-check",
+        "--set",
+        "server.api_key_env=K",
+        "--check",
+    ]
     for label, key in (("ending in \\r", SECRET + "\r"), ("0", "0"), ("of 7 characters", "sk-1234")):
         cases.append((f"serve --check, API key {label}", check, {"K": key}, 1))
     return cases
@@ -162,12 +261,19 @@ def main() -> int:
             proc = sm120kit(argv, {**state, **env}, cwd=tmp)
             text = proc.stdout + proc.stderr
             internal = "internal error" in text or "Traceback" in text
-            clear = not internal and SECRET not in text and proc.returncode == want and any(w in text for w in ("error", "FAIL", "warning"))
+            clear = (
+                not internal
+                and SECRET not in text
+                and proc.returncode == want
+                and any(w in text for w in ("error", "FAIL", "warning"))
+            )
             tally["tried"] += 1
             tally["clear"] += clear
             tally["internal error"] += internal
             tally["wrong exit code"] += proc.returncode != want
-            said = next((line for line in text.splitlines() if any(w in line for w in ("error", "FAIL", "warning"))), "")
+            said = next(
+                (line for line in text.splitlines() if any(w in line for w in ("error", "FAIL", "warning"))), ""
+            )
             print(f"{'ok ' if clear else 'BAD'} exit {proc.returncode} (want {want})  {label}: {said.strip()[:140]}")
         print(" / ".join(f"{n} {k}" for k, n in tally.items()))
         return 0 if tally["clear"] == tally["tried"] else 1

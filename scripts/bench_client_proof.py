@@ -52,10 +52,16 @@ def free_port() -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--client-python", required=True, help="an interpreter with sglang's client dependencies (torch, transformers, datasets, ...)")
+    parser.add_argument(
+        "--client-python",
+        required=True,
+        help="an interpreter with sglang's client dependencies (torch, transformers, datasets, ...)",
+    )
     parser.add_argument("--version", default="0.5.23", help="the sglang release whose client runs")
     parser.add_argument("--concurrency", default="1,2,4,8,16,32")
-    parser.add_argument("--tokens-per-s", type=float, default=400.0, help="the stand-in's capacity (output tokens per second)")
+    parser.add_argument(
+        "--tokens-per-s", type=float, default=400.0, help="the stand-in's capacity (output tokens per second)"
+    )
     parser.add_argument("--request-tokens-per-s", type=float, default=40.0, help="the most one request gets")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
     args = parser.parse_args()
@@ -69,33 +75,73 @@ def main() -> int:
         # config) but the client never calls it; a CPU torch may have no matching build.
         for mod in ("torchvision/__init__.py", "torchvision/transforms/__init__.py"):
             (work / "placeholders" / mod).parent.mkdir(parents=True, exist_ok=True)
-            (work / "placeholders" / mod).write_text('"""Placeholder: imported by sglang\'s import chain, never called by the client."""\n')
+            (work / "placeholders" / mod).write_text(
+                '"""Placeholder: imported by sglang\'s import chain, never called by the client."""\n'
+            )
         path.append(str(work / "placeholders"))
-        print("torchvision is not importable there: a placeholder package stands in for the import (the client does not call it)")
+        print(
+            "torchvision is not importable there: a placeholder package stands in for the import (the client does not call it)"
+        )
     python = work / "python"  # the serving environment: the client's interpreter with this sglang
     python.write_text(
-        f"#!/bin/sh\nexport PYTHONPATH={':'.join(path)} HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES=\nexec {args.client_python} \"$@\"\n"
+        f'#!/bin/sh\nexport PYTHONPATH={":".join(path)} HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES=\nexec {args.client_python} "$@"\n'
     )
     python.chmod(0o755)
     tokenizer = work / "tokenizer"
     subprocess.run([str(python), "-c", MAKE_TOKENIZER, str(tokenizer)], check=True)
 
     port = free_port()
-    faults = {"load_s": 0.1, "warmup_s": 0.1, "tokens_per_s": args.tokens_per_s, "request_tokens_per_s": args.request_tokens_per_s}
+    faults = {
+        "load_s": 0.1,
+        "warmup_s": 0.1,
+        "tokens_per_s": args.tokens_per_s,
+        "request_tokens_per_s": args.request_tokens_per_s,
+    }
     server = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "fixtures" / "sglang_standin.py"), "--port", str(port), "--model-path", str(tokenizer)],
-        env={**os.environ, "SGLANG_STANDIN": json.dumps(faults)}, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "tests" / "fixtures" / "sglang_standin.py"),
+            "--port",
+            str(port),
+            "--model-path",
+            str(tokenizer),
+        ],
+        env={**os.environ, "SGLANG_STANDIN": json.dumps(faults)},
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     out = work / "results"
     try:
         time.sleep(1.0)
         began = time.monotonic()
         bench = subprocess.run(
-            [sys.executable, "-m", "sm120kit", "bench", "--url", f"http://127.0.0.1:{port}", "--python", str(python),
-             "--tokenizer", str(tokenizer), "--model", str(tokenizer), "--concurrency", args.concurrency,
-             "--input-len", "32", "--output-len", "32", "--prompts-per-level", "2", "--out", str(out)],
-            capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "sm120kit",
+                "bench",
+                "--url",
+                f"http://127.0.0.1:{port}",
+                "--python",
+                str(python),
+                "--tokenizer",
+                str(tokenizer),
+                "--model",
+                str(tokenizer),
+                "--concurrency",
+                args.concurrency,
+                "--input-len",
+                "32",
+                "--output-len",
+                "32",
+                "--prompts-per-level",
+                "2",
+                "--out",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+        )
         seconds = time.monotonic() - began
     finally:
         server.terminate()
@@ -113,12 +159,25 @@ def main() -> int:
         if level["figures"] != written:
             problems.append(f"concurrency {level['concurrency']}: run.json differs from the client's own line")
         if f"total {written['total_throughput']:,.1f} tok/s" not in bench.stdout:
-            problems.append(f"concurrency {level['concurrency']}: the printed total is not the client's {written['total_throughput']}")
-    print(json.dumps({
-        "client": run["client"], "sglang": run["versions"]["sglang"], "sweep_seconds": round(seconds, 1),
-        "output_tok_s": {lv["concurrency"]: round(lv["figures"]["output_throughput"], 1) for lv in run["levels"]},
-        "verdict": run["verdict"], "problems": problems, "scratch": str(work) if args.keep else None,
-    }, indent=2))  # fmt: skip
+            problems.append(
+                f"concurrency {level['concurrency']}: the printed total is not the client's {written['total_throughput']}"
+            )
+    print(
+        json.dumps(
+            {
+                "client": run["client"],
+                "sglang": run["versions"]["sglang"],
+                "sweep_seconds": round(seconds, 1),
+                "output_tok_s": {
+                    lv["concurrency"]: round(lv["figures"]["output_throughput"], 1) for lv in run["levels"]
+                },
+                "verdict": run["verdict"],
+                "problems": problems,
+                "scratch": str(work) if args.keep else None,
+            },
+            indent=2,
+        )
+    )
     return 1 if problems else 0
 
 

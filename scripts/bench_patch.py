@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fetch_wheels  # noqa: E402
+import fetch_wheels
 
 CLI = [sys.executable, "-m", "sm120kit"]
 
@@ -60,11 +60,23 @@ def main() -> int:
             ("python -c 'import sm120kit' (baseline)", median(runs, [sys.executable, "-c", "import sm120kit"])),
             ("sm120kit --help", median(runs, [*CLI, "--help"])),
             # exit 1: the shared-memory and page-table patches would apply to a fresh 0.5.23
-            ("sm120kit patch --check, sglang 0.5.23", median(runs, [*CLI, "patch", "--check", "--site", str(site23)], ok=(1,))),
-            ("  the same, outcome cache empty", median(runs, [*CLI, "patch", "--check", "--site", str(site23)], ok=(1,), cold=True)),
+            (
+                "sm120kit patch --check, sglang 0.5.23",
+                median(runs, [*CLI, "patch", "--check", "--site", str(site23)], ok=(1,)),
+            ),
+            (
+                "  the same, outcome cache empty",
+                median(runs, [*CLI, "patch", "--check", "--site", str(site23)], ok=(1,), cold=True),
+            ),
             ("sm120kit patch, sglang 0.5.10", median(runs, [*CLI, "patch", "--site", str(site10)], before=unpatch)),
-            ("sm120kit patch --check, sglang 0.5.10 patched", median(runs, [*CLI, "patch", "--check", "--site", str(site10)])),
-            ("  the same, outcome cache empty", median(runs, [*CLI, "patch", "--check", "--site", str(site10)], cold=True)),
+            (
+                "sm120kit patch --check, sglang 0.5.10 patched",
+                median(runs, [*CLI, "patch", "--check", "--site", str(site10)]),
+            ),
+            (
+                "  the same, outcome cache empty",
+                median(runs, [*CLI, "patch", "--check", "--site", str(site10)], cold=True),
+            ),
         ]
     base = rows[0][1]
     print(f"median of {runs} runs, {sys.implementation.name} {sys.version.split()[0]}")

@@ -37,8 +37,14 @@ VERSION = "0.5.23"
 
 def death_to_notice(tmp: Path, python: Path, runs: int) -> list[float]:
     stamps = tmp / "stamps"
-    s = Served(tmp / "death", python, {"die_after_ready_s": 0.3, "timestamps": str(stamps)},
-               [f"health.max_restarts={runs - 1}", "health.backoff_initial_s=0.05", "health.backoff_max_s=0.05"], ["--quiet"], {})  # fmt: skip
+    s = Served(
+        tmp / "death",
+        python,
+        {"die_after_ready_s": 0.3, "timestamps": str(stamps)},
+        [f"health.max_restarts={runs - 1}", "health.backoff_initial_s=0.05", "health.backoff_max_s=0.05"],
+        ["--quiet"],
+        {},
+    )
     s.run(timeout=120)
     died = [float(line.split()[1]) for line in stamps.read_text().splitlines() if line.startswith("died ")]
     noticed = [e["noticed_at"] for e in s.events("died")]
@@ -95,8 +101,16 @@ def main() -> int:
         outside, inside, size = stop_tree(tmp, python, args.runs)
         cpu = idle_cpu(tmp, python, args.idle_seconds)
     result = {
-        "death_to_noticed_ms": {"median": round(statistics.median(notice) * 1000, 1), "max": round(max(notice) * 1000, 1), "runs": len(notice)},
-        "sigterm_to_all_gone_ms": {"processes": size, "median": round(statistics.median(outside) * 1000, 1), "max": round(max(outside) * 1000, 1)},
+        "death_to_noticed_ms": {
+            "median": round(statistics.median(notice) * 1000, 1),
+            "max": round(max(notice) * 1000, 1),
+            "runs": len(notice),
+        },
+        "sigterm_to_all_gone_ms": {
+            "processes": size,
+            "median": round(statistics.median(outside) * 1000, 1),
+            "max": round(max(outside) * 1000, 1),
+        },
         "supervisor_stop_ms": {"median": round(statistics.median(inside) * 1000, 1)},
         "idle_cpu_percent_of_one_core": round(cpu * 100, 3),
     }

@@ -39,13 +39,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import fetch_wheels  # noqa: E402
-from packaging.version import InvalidVersion, Version  # noqa: E402
+import fetch_wheels
+from packaging.version import InvalidVersion, Version
 
-from sm120kit import __version__  # noqa: E402
-from sm120kit.cli import main as sm120kit  # noqa: E402
-from sm120kit.patching.registry import load_patches  # noqa: E402
-from sm120kit.profiles.loader import list_profiles, load_profile  # noqa: E402
+from sm120kit import __version__
+from sm120kit.cli import main as sm120kit
+from sm120kit.patching.registry import load_patches
+from sm120kit.profiles.loader import list_profiles, load_profile
 
 SOURCES = ["*.py"]  # the code the patches and the flag schema are read from (plus the dist-info)
 SETTLED = {"applied", "already-applied", "fixed-upstream", "not-applicable", "would-apply"}
@@ -105,7 +105,9 @@ def check_release(release: Release, site: Path, profiles: list[str]) -> None:
 
     code, doc = run_cli("patch", "--verify", "--site", site)
     problems = doc.get("verify_problems") or [doc.get("error")] if code else []
-    release.steps["patch --verify"] = "ok" if code == 0 and doc.get("verified") else f"exit {code}: {'; '.join(filter(None, problems))}"
+    release.steps["patch --verify"] = (
+        "ok" if code == 0 and doc.get("verified") else f"exit {code}: {'; '.join(filter(None, problems))}"
+    )
 
     patched = {r["path"]: (site / r["path"]).read_bytes() for r in doc.get("results", []) if r["outcome"] == "applied"}
     code, doc = run_cli("patch", "--site", site)
@@ -113,7 +115,9 @@ def check_release(release: Release, site: Path, profiles: list[str]) -> None:
     same = all((site / path).read_bytes() == data for path, data in patched.items())
     check, _ = run_cli("patch", "--check", "--site", site)
     idempotent = code == 0 and check == 0 and same and "applied" not in again
-    release.steps["idempotent"] = "ok" if idempotent else f"second run: exit {code}, {sorted(again)}; --check exit {check}"
+    release.steps["idempotent"] = (
+        "ok" if idempotent else f"second run: exit {code}, {sorted(again)}; --check exit {check}"
+    )
 
     code, doc = run_cli("unpatch", "--site", site)
     wrong = [
@@ -123,13 +127,17 @@ def check_release(release: Release, site: Path, profiles: list[str]) -> None:
     ]
     left = list(site.glob(".sm120kit/backups/*"))
     restored = code == 0 and not wrong and not left
-    release.steps["unpatch = RECORD"] = "ok" if restored else f"exit {code}; differ from RECORD: {wrong}; backups left: {len(left)}"
+    release.steps["unpatch = RECORD"] = (
+        "ok" if restored else f"exit {code}; differ from RECORD: {wrong}; backups left: {len(left)}"
+    )
 
     for name in profiles:
         code, doc = run_cli("profile", "check", name, "--site", site)
         if code == 0:
             warnings = len(doc.get("warnings", []))
-            release.profiles[name] = f"ok ({len(doc.get('argv', [])) - 3} args" + (f", {warnings} warning(s))" if warnings else ")")
+            release.profiles[name] = f"ok ({len(doc.get('argv', [])) - 3} args" + (
+                f", {warnings} warning(s))" if warnings else ")"
+            )
         else:
             release.profiles[name] = f"error: {doc.get('error', f'exit {code}')}"
 
@@ -158,9 +166,21 @@ def report(releases: list[Release], patch_ids: list[str], profiles: list[str]) -
         cells = [_cell(r.cells[p]) if p in r.cells else "**missing**" for p in patch_ids]
         lines.append(f"| {r.sglang} | {r.flashinfer or '-'} | " + " | ".join(cells) + " |")
     steps = list(releases[0].steps) if releases else []
-    lines += ["", "## Lifecycle", "", "| sglang | " + " | ".join(f"`{s}`" for s in steps) + " |", "|---|" + "---|" * len(steps)]
+    lines += [
+        "",
+        "## Lifecycle",
+        "",
+        "| sglang | " + " | ".join(f"`{s}`" for s in steps) + " |",
+        "|---|" + "---|" * len(steps),
+    ]
     lines += [f"| {r.sglang} | " + " | ".join(r.steps.get(s, "-") for s in steps) + " |" for r in releases]
-    lines += ["", "## Profiles (`sm120kit profile check`)", "", "| sglang | " + " | ".join(profiles) + " |", "|---|" + "---|" * len(profiles)]
+    lines += [
+        "",
+        "## Profiles (`sm120kit profile check`)",
+        "",
+        "| sglang | " + " | ".join(profiles) + " |",
+        "|---|" + "---|" * len(profiles),
+    ]
     lines += [f"| {r.sglang} | " + " | ".join(r.profiles.get(p, "-") for p in profiles) + " |" for r in releases]
     failures = [(r.sglang, f) for r in releases for f in r.failures]
     lines += ["", "## Verdict", ""]
@@ -183,10 +203,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("releases", nargs="*", metavar="RELEASE", help="sglang releases (default: --latest)")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--latest", action="store_true", help="the newest sglang release on the package index (the default)")
+    group.add_argument(
+        "--latest", action="store_true", help="the newest sglang release on the package index (the default)"
+    )
     group.add_argument("--window", action="store_true", help="every release in scripts/fetch_wheels.py's proven window")
-    parser.add_argument("--report", type=Path, default=Path("sm120kit-conformance.md"), help="where the Markdown report goes")
-    parser.add_argument("--patched-files-only", action="store_true", help="unpack only the files the patches and profiles read (faster)")
+    parser.add_argument(
+        "--report", type=Path, default=Path("sm120kit-conformance.md"), help="where the Markdown report goes"
+    )
+    parser.add_argument(
+        "--patched-files-only", action="store_true", help="unpack only the files the patches and profiles read (faster)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the scratch sites (printed)")
     args = parser.parse_args(argv)
     if args.releases and (args.latest or args.window):
@@ -195,7 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     patch_ids = [p.id for p in load_patches()]
     # A base profile (no model: a node to extend) is not served on its own.
     profiles = [name for name, _, _ in list_profiles(None) if load_profile(name).model.path]
-    members = sorted({r.path for p in load_patches() for r in p.rewrites}) + fetch_wheels.SCHEMA_SOURCES if args.patched_files_only else SOURCES
+    members = (
+        sorted({r.path for p in load_patches() for r in p.rewrites}) + fetch_wheels.SCHEMA_SOURCES
+        if args.patched_files_only
+        else SOURCES
+    )
     scratch = Path(tempfile.mkdtemp(prefix="sm120kit-conformance-"))
     releases: list[Release] = []
     try:
@@ -205,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
             install(release, site, members)
             check_release(release, site, profiles)
             releases.append(release)
-            print(f"sglang {version} (flashinfer {release.flashinfer}): " + ("ok" if not release.failures else f"{len(release.failures)} problem(s)"))
+            print(
+                f"sglang {version} (flashinfer {release.flashinfer}): "
+                + ("ok" if not release.failures else f"{len(release.failures)} problem(s)")
+            )
     except fetch_wheels.FetchError as exc:
         print(f"conformance: error: {exc}", file=sys.stderr)
         return 2
@@ -216,7 +249,10 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(scratch, ignore_errors=True)
     args.report.write_text(report(releases, patch_ids, profiles))
     failures = [f for r in releases for f in r.failures]
-    print(f"report: {args.report}" + (f" ({len(failures)} problem(s))" if failures else " (every cell settled and proven)"))
+    print(
+        f"report: {args.report}"
+        + (f" ({len(failures)} problem(s))" if failures else " (every cell settled and proven)")
+    )
     return 1 if failures else 0
 
 

@@ -26,17 +26,42 @@ from pathlib import Path
 
 # Every sglang release the patch engine is proven on, post-releases included.
 SGLANG_WINDOW = (
-    "0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13",
-    "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18",
-    "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
-)  # fmt: skip
+    "0.5.9",
+    "0.5.10",
+    "0.5.10.post1",
+    "0.5.11",
+    "0.5.12",
+    "0.5.12.post1",
+    "0.5.13",
+    "0.5.13.post1",
+    "0.5.14",
+    "0.5.15",
+    "0.5.15.post1",
+    "0.5.16",
+    "0.5.17",
+    "0.5.18",
+    "0.5.19",
+    "0.5.20",
+    "0.5.21",
+    "0.5.22",
+    "0.5.23",
+)
 
 # The releases from 0.5.12 on are cp311 manylinux wheels; the .py sources are the same
 # on every platform, so one tag set serves any machine that runs the tests.
 PLATFORM = [
-    "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
-    "--abi", "cp311", "--platform", "manylinux_2_34_x86_64", "--platform", "any",
-]  # fmt: skip
+    "--only-binary=:all:",
+    "--python-version",
+    "3.11",
+    "--implementation",
+    "cp",
+    "--abi",
+    "cp311",
+    "--platform",
+    "manylinux_2_34_x86_64",
+    "--platform",
+    "any",
+]
 
 
 # What sm120kit reads sglang's flag schema from (profiles render for it): with the files the
@@ -87,7 +112,9 @@ def _pip_download(requirement: str) -> Path:
         newest = ", ".join(listed[1].split(", ")[-3:])
         raise FetchError(f"{requirement} is not on the package index (its newest releases there: {newest})")
     if listed:  # pip printed no versions and no connection error (as with PIP_RETRIES=0): either
-        raise FetchError(f"the package index listed no {name} wheel for this platform, or could not be reached ({requirement})")
+        raise FetchError(
+            f"the package index listed no {name} wheel for this platform, or could not be reached ({requirement})"
+        )
     last = [line for line in text.splitlines() if line.strip()][-1:] or ["no output"]
     raise FetchError(f"pip download {requirement} failed: {last[0].strip()}")
 

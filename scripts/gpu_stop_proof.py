@@ -50,7 +50,9 @@ def tree(port: int, holders: int, gib: float) -> None:
     for rank in range(holders):
         r, w = os.pipe()
         os.set_inheritable(w, True)
-        subprocess.Popen([sys.executable, HERE, "--hold", str(rank), str(gib), str(w), str(int(rank == holders - 1))], pass_fds=(w,))
+        subprocess.Popen(
+            [sys.executable, HERE, "--hold", str(rank), str(gib), str(w), str(int(rank == holders - 1))], pass_fds=(w,)
+        )
         os.close(w)
         pipes.append(r)
     for r in pipes:
@@ -76,9 +78,16 @@ def supervise(state: str, port: int, holders: int, gib: float) -> int:
     argv = [sys.executable, HERE, "--tree", str(port), str(holders), str(gib)]
     server = Server("gpu-proof", argv, argv, dict(os.environ), "127.0.0.1", port, [("server.port", "127.0.0.1", port)])
     policy = Policy(
-        startup_timeout_s=300, probe_interval_s=2, probe_timeout_s=5, failures_before_restart=3, max_restarts=0,
-        backoff_initial_s=1, backoff_max_s=1, stop_timeout_s=30, stable_after_s=600,
-    )  # fmt: skip
+        startup_timeout_s=300,
+        probe_interval_s=2,
+        probe_timeout_s=5,
+        failures_before_restart=3,
+        max_restarts=0,
+        backoff_initial_s=1,
+        backoff_max_s=1,
+        stop_timeout_s=30,
+        stable_after_s=600,
+    )
     return Supervisor(server, policy, Record(Path(state)), echo=False).run()
 
 
@@ -113,7 +122,10 @@ def main() -> int:
     state = Path(tempfile.mkdtemp(prefix="gpu-proof-"))
     before = nvml_snapshot()
     began = time.monotonic()
-    sup = subprocess.Popen([sys.executable, HERE, "--supervise", str(state), str(args.port), str(args.holders), str(args.gib)], stdout=sys.stderr)
+    sup = subprocess.Popen(
+        [sys.executable, HERE, "--supervise", str(state), str(args.port), str(args.holders), str(args.gib)],
+        stdout=sys.stderr,
+    )
     while not any(e["event"] == "ready" for e in events(state)):
         if sup.poll() is not None or time.monotonic() - began > 300:
             print("the tree never became ready:", events(state), file=sys.stderr)
@@ -140,16 +152,28 @@ def main() -> int:
     on_gpu_after = sorted(pid for g in after for pid in g["processes"] if pid in tree_pids)
     import psutil
 
-    alive_after = sorted(pid for pid in tree_pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    alive_after = sorted(
+        pid for pid in tree_pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    )
     result = {
-        "holders": args.holders, "gib_each": args.gib, "ready_after_s": round(ready_s, 2),
-        "used_mib_before": [g["used_mib"] for g in before], "used_mib_during": [g["used_mib"] for g in during],
+        "holders": args.holders,
+        "gib_each": args.gib,
+        "ready_after_s": round(ready_s, 2),
+        "used_mib_before": [g["used_mib"] for g in before],
+        "used_mib_during": [g["used_mib"] for g in during],
         "used_mib_after": [g["used_mib"] for g in after],
-        "tree_pids": sorted(tree_pids), "tree_pids_nvml_lists_during": on_gpu_during, "tree_pids_nvml_lists_after": on_gpu_after,
-        "tree_pids_alive_after": alive_after, "supervisor_exit_code": code, "sigterm_to_supervisor_exit_s": round(stopped_s, 3),
+        "tree_pids": sorted(tree_pids),
+        "tree_pids_nvml_lists_during": on_gpu_during,
+        "tree_pids_nvml_lists_after": on_gpu_after,
+        "tree_pids_alive_after": alive_after,
+        "supervisor_exit_code": code,
+        "sigterm_to_supervisor_exit_s": round(stopped_s, 3),
         "sigterm_to_memory_released_s": None if released_s is None else round(released_s, 3),
-        "stopped_event": {k: stopped[k] for k in ("clean", "processes", "sigkilled", "left", "seconds", "on_gpu", "gpu_released_after_s")},
-    }  # fmt: skip
+        "stopped_event": {
+            k: stopped[k]
+            for k in ("clean", "processes", "sigkilled", "left", "seconds", "on_gpu", "gpu_released_after_s")
+        },
+    }
     ok = code == 0 and released_s is not None and not on_gpu_after and not alive_after and stopped["clean"]
     result["ok"] = ok
     if args.json:

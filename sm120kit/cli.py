@@ -21,20 +21,30 @@ exit codes: 0 ok, 1 something would change (check mode, status), 2 error"""
 
 def _target_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("target environment (default: this interpreter)")
-    group.add_argument("--python", metavar="EXE", help="the python of the environment to patch (sm120kit need not be installed there)")
+    group.add_argument(
+        "--python", metavar="EXE", help="the python of the environment to patch (sm120kit need not be installed there)"
+    )
     group.add_argument("--site", metavar="DIR", help="a site-packages directory, e.g. an unpacked image layer")
 
 
 def _patch_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--patch-dir", action="append", metavar="DIR", help="also load patches from DIR (before the shipped ones; repeatable; or $SM120KIT_PATCH_PATH)")
+    parser.add_argument(
+        "--patch-dir",
+        action="append",
+        metavar="DIR",
+        help="also load patches from DIR (before the shipped ones; repeatable; or $SM120KIT_PATCH_PATH)",
+    )
     parser.add_argument("--only", action="append", metavar="ID", help="just this patch (repeatable)")
 
 
 def _allow_missing_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--allow-missing", action="append", metavar="ID", default=[],
+        "--allow-missing",
+        action="append",
+        metavar="ID",
+        default=[],
         help="go on although patch ID's anchor is missing on the installed release (repeatable); `patch` records it in the ledger for that release",
-    )  # fmt: skip
+    )
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--verify", action="store_true", help="apply, then prove from disk that every patch is in place")
     p.add_argument("--force", action="store_true", help="patch files that someone else edited")
     _allow_missing_arg(p)
-    p.add_argument("--keep-jit-cache", action="store_true", help="keep JIT caches (flashinfer) built from the old sources")
+    p.add_argument(
+        "--keep-jit-cache", action="store_true", help="keep JIT caches (flashinfer) built from the old sources"
+    )
     _common(p)
     p.set_defaults(func=cmd_patch)
 
@@ -82,7 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     _patch_args(p)
     p.add_argument("--dry-run", action="store_true", help="say what would be restored, write nothing")
     p.add_argument("--force", action="store_true", help="restore the originals even over later edits")
-    p.add_argument("--keep-jit-cache", action="store_true", help="keep JIT caches (flashinfer) built from the patched sources")
+    p.add_argument(
+        "--keep-jit-cache", action="store_true", help="keep JIT caches (flashinfer) built from the patched sources"
+    )
     _common(p)
     p.set_defaults(func=cmd_unpatch)
 
@@ -109,12 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_profile_schema)
 
     p = sub.add_parser(
-        "serve", help="preflight, launch and supervise sglang with a profile until stopped",
+        "serve",
+        help="preflight, launch and supervise sglang with a profile until stopped",
         description="Preflight the node, start sglang with the profile, wait until it generates, probe it, "
         "restart it with backoff on death or hang, and stop it clean on Ctrl-C / SIGTERM.",
         epilog="exit codes: 0 stopped on request, clean; 1 gave up after the crash-loop limit; "
         "2 refused (preflight failed, bad input); 3 stopped, but a process or port was left",
-    )  # fmt: skip
+    )
     p.add_argument("name")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the argv and environment; start nothing")
@@ -123,40 +138,82 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kill-stale", action="store_true", help="stop stale sglang processes that the preflight finds")
     p.add_argument("--no-patch-check", action="store_true", help="start even if the profile's patches are not in place")
     _allow_missing_arg(p)
-    p.add_argument("--no-gpu-check", action="store_true", help="skip the GPU count, compute capability and free-memory check")
-    p.add_argument("--quiet", action="store_true", help="do not echo the server's log (it is still written to the log file)")
-    p.add_argument("--patch-dir", action="append", metavar="DIR", help="also load patches from DIR (or $SM120KIT_PATCH_PATH)")
+    p.add_argument(
+        "--no-gpu-check", action="store_true", help="skip the GPU count, compute capability and free-memory check"
+    )
+    p.add_argument(
+        "--quiet", action="store_true", help="do not echo the server's log (it is still written to the log file)"
+    )
+    p.add_argument(
+        "--patch-dir", action="append", metavar="DIR", help="also load patches from DIR (or $SM120KIT_PATCH_PATH)"
+    )
     _profile_args(p)
     _target_args(p)
     _common(p)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser(
-        "bench", help="a concurrency sweep with sglang's own benchmark client; `bench compare A B`",
+        "bench",
+        help="a concurrency sweep with sglang's own benchmark client; `bench compare A B`",
         description="Run sglang's benchmark client once per concurrency level against a running server "
         "(the profile's, or --url), then print the table and the plateau verdict and write a results directory. "
         "`sm120kit bench compare BEFORE AFTER` shows two results directories side by side.",
-    )  # fmt: skip
+    )
     p.add_argument("name", nargs="*", metavar="PROFILE | compare BEFORE AFTER")
     p.add_argument("--url", help="benchmark this server instead of a profile's (e.g. http://127.0.0.1:30000)")
-    p.add_argument("--concurrency", default="32,64,128,256,512", metavar="LIST", help="levels, comma-separated (default 32,64,128,256,512)")
+    p.add_argument(
+        "--concurrency",
+        default="32,64,128,256,512",
+        metavar="LIST",
+        help="levels, comma-separated (default 32,64,128,256,512)",
+    )
     p.add_argument("--input-len", type=int, default=256, metavar="N", help="input tokens per request (default 256)")
     p.add_argument("--output-len", type=int, default=128, metavar="N", help="output tokens per request (default 128)")
-    p.add_argument("--prompts-per-level", type=float, default=3.0, metavar="K", help="requests per level: K x concurrency, at least 32 (default 3)")
-    p.add_argument("--threshold", type=float, default=0.10, metavar="F", help="a doubling that gains less than this is a plateau (default 0.10)")
+    p.add_argument(
+        "--prompts-per-level",
+        type=float,
+        default=3.0,
+        metavar="K",
+        help="requests per level: K x concurrency, at least 32 (default 3)",
+    )
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=0.10,
+        metavar="F",
+        help="a doubling that gains less than this is a plateau (default 0.10)",
+    )
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer for the client (default: what the server reports)")
     p.add_argument("--model", metavar="NAME", help="model name for the client (default: what the server reports)")
     p.add_argument("--out", metavar="DIR", help="results directory (default ./sm120kit-bench/<profile>-<time>)")
-    p.add_argument("--serve", action="store_true", help="start the profile's server with `sm120kit serve` first, stop it afterwards")
-    p.add_argument("--no-gpu-check", action="store_true", help="with --serve: passed on to `sm120kit serve` (start without its GPU check)")
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="start the profile's server with `sm120kit serve` first, stop it afterwards",
+    )
+    p.add_argument(
+        "--no-gpu-check",
+        action="store_true",
+        help="with --serve: passed on to `sm120kit serve` (start without its GPU check)",
+    )
     _profile_args(p)
     _target_args(p)
     p.add_argument("--debug", action="store_true", help="print tracebacks and full details")
     p.set_defaults(func=cmd_bench, json=False)  # its record is the results directory
 
-    p = sub.add_parser("doctor", help="can this node serve? GPUs, P2P, topology, kernel, limits, software; each problem with its fix")
-    p.add_argument("--profile", metavar="NAME", help="also check what this profile needs (GPU count, compute capability, memory, env)")
-    p.add_argument("--nvml", metavar="FILE", help="replay NVML answers recorded by `doctor --json` (its \"nvml\" object) instead of asking the driver")
+    p = sub.add_parser(
+        "doctor", help="can this node serve? GPUs, P2P, topology, kernel, limits, software; each problem with its fix"
+    )
+    p.add_argument(
+        "--profile",
+        metavar="NAME",
+        help="also check what this profile needs (GPU count, compute capability, memory, env)",
+    )
+    p.add_argument(
+        "--nvml",
+        metavar="FILE",
+        help='replay NVML answers recorded by `doctor --json` (its "nvml" object) instead of asking the driver',
+    )
     p.add_argument("--root", metavar="DIR", help="read /proc and /sys under DIR (a copy taken on another node)")
     _profile_args(p)
     _target_args(p)
@@ -176,9 +233,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _profile_args(parser: argparse.ArgumentParser, sets: bool = True) -> None:
-    parser.add_argument("--profile-dir", action="append", metavar="DIR", help="also load profiles from DIR (before the shipped ones; repeatable; or $SM120KIT_PROFILE_PATH)")
+    parser.add_argument(
+        "--profile-dir",
+        action="append",
+        metavar="DIR",
+        help="also load profiles from DIR (before the shipped ones; repeatable; or $SM120KIT_PROFILE_PATH)",
+    )
     if sets:
-        parser.add_argument("--set", action="append", metavar="KEY=VALUE", dest="sets", help="override a profile key, e.g. engine.max_running_requests=2048 (repeatable)")
+        parser.add_argument(
+            "--set",
+            action="append",
+            metavar="KEY=VALUE",
+            dest="sets",
+            help="override a profile key, e.g. engine.max_running_requests=2048 (repeatable)",
+        )
 
 
 def _load(args, selected: bool = True):
@@ -228,7 +296,9 @@ def cmd_patch(args) -> int:
         code = plan.exit_code(check=args.check)
         diffs = [c.diff() for c in plan.changes] if args.diff else []
         if args.json:
-            report.emit_json(report.plan_json("patch", plan, code, {"mode": "diff" if args.diff else "check", "diffs": diffs}))
+            report.emit_json(
+                report.plan_json("patch", plan, code, {"mode": "diff" if args.diff else "check", "diffs": diffs})
+            )
             return code
         if args.diff:
             sys.stdout.write("".join(diffs))
@@ -236,14 +306,23 @@ def cmd_patch(args) -> int:
                 print(f"error: {f.patch.id}: {f.outcome.value}: {f.detail}", file=sys.stderr)
             return code
     else:
-        plan = engine.apply(target, patches, force=args.force, keep_jit_cache=args.keep_jit_cache, allow_missing=_allowed(args))
+        plan = engine.apply(
+            target, patches, force=args.force, keep_jit_cache=args.keep_jit_cache, allow_missing=_allowed(args)
+        )
         code = plan.exit_code(check=False)
     problems = engine.verify(target, patches) if args.verify and code == 0 else []
     if problems:
         code = 2
     if args.json:
         mode = "verify" if args.verify else "check" if args.check else "apply"
-        report.emit_json(report.plan_json("patch", plan, code, {"mode": mode, "verify_problems": problems, "verified": bool(args.verify and code == 0)}))
+        report.emit_json(
+            report.plan_json(
+                "patch",
+                plan,
+                code,
+                {"mode": mode, "verify_problems": problems, "verified": bool(args.verify and code == 0)},
+            )
+        )
         return code
     report.print_plan(plan, args.debug)
     print(report.summary(plan.findings) + ("" if not plan.errors else "; nothing was written"))
@@ -254,7 +333,9 @@ def cmd_patch(args) -> int:
             print("verify FAILED:\n  " + "\n  ".join(problems), file=sys.stderr)
         elif code == 0:
             caveat = "; unproven on this release: see above" if plan.unproven else ""
-            print(f"verified: every patch is in place, fixed upstream or not applicable, and matches the ledger{caveat}")
+            print(
+                f"verified: every patch is in place, fixed upstream or not applicable, and matches the ledger{caveat}"
+            )
     return code
 
 
@@ -264,18 +345,22 @@ def cmd_unpatch(args) -> int:
 
     target, patches = _load(args, selected=False)
     only = set(args.only) if args.only else None
-    result = engine.unpatch(target, patches, only, force=args.force, dry_run=args.dry_run, keep_jit_cache=args.keep_jit_cache)
+    result = engine.unpatch(
+        target, patches, only, force=args.force, dry_run=args.dry_run, keep_jit_cache=args.keep_jit_cache
+    )
     rows = result.rows
     code = 2 if any(r.is_error for r in rows) else 0
     if args.json:
-        report.emit_json({
-            "command": "unpatch",
-            "target": target.as_json(),
-            "results": [r.as_json() for r in rows],
-            "warnings": result.warnings,
-            "jit_cache_removed": [str(p) for p in result.jit_cache_removed],
-            "exit_code": code,
-        })  # fmt: skip
+        report.emit_json(
+            {
+                "command": "unpatch",
+                "target": target.as_json(),
+                "results": [r.as_json() for r in rows],
+                "warnings": result.warnings,
+                "jit_cache_removed": [str(p) for p in result.jit_cache_removed],
+                "exit_code": code,
+            }
+        )
         return code
     print(f"target: {target.description}")
     report.print_cache_notes(result)
@@ -385,7 +470,15 @@ def cmd_serve(args) -> int:
         checks, _ = command.run_checks(profile, launch, target, args)
         code = int(any(c.ok is False for c in checks))
         if args.json:
-            report.emit_json({"profile": profile.name, "sglang": launch.sglang, "checks": [c.as_json() for c in checks], "warnings": launch.warnings, "exit_code": code})
+            report.emit_json(
+                {
+                    "profile": profile.name,
+                    "sglang": launch.sglang,
+                    "checks": [c.as_json() for c in checks],
+                    "warnings": launch.warnings,
+                    "exit_code": code,
+                }
+            )
             return code
         for warning in launch.warnings:
             print(f"warning: {warning}", file=sys.stderr)
@@ -404,11 +497,16 @@ def _check_range(option: str, value: float, low: float, high: float, hint: str, 
 
     if math.isfinite(value) and (value > low if low_open else value >= low) and value <= high:
         return
+
     def plain(x: float) -> str:
         return str(int(x)) if math.isfinite(x) and float(x).is_integer() else f"{x:g}"
 
     kind = "an integer" if isinstance(value, int) else "a number"
-    allowed = f"{kind} above {plain(low)} and at most {plain(high)}" if low_open else f"{kind} from {plain(low)} to {plain(high)}"
+    allowed = (
+        f"{kind} above {plain(low)} and at most {plain(high)}"
+        if low_open
+        else f"{kind} from {plain(low)} to {plain(high)}"
+    )
     raise UserError(f"{option} {plain(value) if isinstance(value, int) else f'{value:g}'}: allowed: {allowed}", hint)
 
 
@@ -417,8 +515,22 @@ def _check_bench_numbers(args) -> None:
 
     for option, value in (("--input-len", args.input_len), ("--output-len", args.output_len)):
         _check_range(option, value, 1, MAX_TOKENS, f"tokens per request, e.g. {option} 256")
-    _check_range("--prompts-per-level", args.prompts_per_level, 0, 1000, "requests per level as a multiple of the concurrency, e.g. --prompts-per-level 3", low_open=True)
-    _check_range("--threshold", args.threshold, 0, 1, "the smallest gain per doubling that is not a plateau, e.g. --threshold 0.1 (10%)", low_open=True)
+    _check_range(
+        "--prompts-per-level",
+        args.prompts_per_level,
+        0,
+        1000,
+        "requests per level as a multiple of the concurrency, e.g. --prompts-per-level 3",
+        low_open=True,
+    )
+    _check_range(
+        "--threshold",
+        args.threshold,
+        0,
+        1,
+        "the smallest gain per doubling that is not a plateau, e.g. --threshold 0.1 (10%)",
+        low_open=True,
+    )
 
 
 def cmd_bench(args) -> int:
@@ -427,13 +539,21 @@ def cmd_bench(args) -> int:
 
     if args.name[:1] == ["compare"]:
         if len(args.name) != 3:
-            raise UserError("bench compare takes two results directories", "sm120kit bench compare BEFORE_DIR AFTER_DIR")
+            raise UserError(
+                "bench compare takes two results directories", "sm120kit bench compare BEFORE_DIR AFTER_DIR"
+            )
         return command.compare(args.name[1], args.name[2])
     if len(args.name) != (0 if args.url else 1):
         got = " ".join(args.name) or "none"
-        raise UserError(f"bench takes one profile, or --url without one (got: {got})", "sm120kit bench glm5-nvfp4 --concurrency 64,128, or sm120kit bench --url http://127.0.0.1:30000")
+        raise UserError(
+            f"bench takes one profile, or --url without one (got: {got})",
+            "sm120kit bench glm5-nvfp4 --concurrency 64,128, or sm120kit bench --url http://127.0.0.1:30000",
+        )
     if args.site:
-        raise UserError("--site names packages, not a python that can run the benchmark client", "give the serving environment's interpreter: --python EXE")
+        raise UserError(
+            "--site names packages, not a python that can run the benchmark client",
+            "give the serving environment's interpreter: --python EXE",
+        )
     _check_bench_numbers(args)
     from sm120kit.target import resolve_target
 
@@ -455,7 +575,9 @@ def cmd_doctor(args) -> int:
     if args.sets and not args.profile:
         from sm120kit.errors import UserError
 
-        raise UserError("--set changes a profile, and no --profile was given", "sm120kit doctor --profile NAME --set KEY=VALUE")
+        raise UserError(
+            "--set changes a profile, and no --profile was given", "sm120kit doctor --profile NAME --set KEY=VALUE"
+        )
     if args.profile:
         from sm120kit.profiles.loader import load_profile
 
@@ -476,9 +598,17 @@ def cmd_ps(args) -> int:
     if not found:
         print(f"nothing served here yet (no run under {serve_root()})")
         return 0
-    print(report.table(["PROFILE", "STATUS", "SUPERVISOR", "SERVER", "SINCE", "RESTARTS", "LAST HEALTH", "PORT"], [report.ps_row(r) for r in found]))
+    print(
+        report.table(
+            ["PROFILE", "STATUS", "SUPERVISOR", "SERVER", "SINCE", "RESTARTS", "LAST HEALTH", "PORT"],
+            [report.ps_row(r) for r in found],
+        )
+    )
     for error in damaged:
-        print(f"sm120kit: error: damaged run record {error}; `sm120kit serve` of that profile writes a new one", file=sys.stderr)
+        print(
+            f"sm120kit: error: damaged run record {error}; `sm120kit serve` of that profile writes a new one",
+            file=sys.stderr,
+        )
     return code
 
 
@@ -496,7 +626,9 @@ def cmd_diagnose(args) -> int:
             with open(args.log, "rb") as fh:
                 text = read_tail(fh, args.tail)  # only the end: a log can be gigabytes
     except OSError as exc:
-        raise UserError(f"cannot read the log {args.log}: {exc.strerror}", "pass the server's log file, or - for standard input") from None
+        raise UserError(
+            f"cannot read the log {args.log}: {exc.strerror}", "pass the server's log file, or - for standard input"
+        ) from None
     found = diagnose(text, args.tail)
     if args.json:
         report.emit_json({"log": args.log, "diagnoses": [d.as_json() for d in found], "exit_code": int(bool(found))})
@@ -536,7 +668,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug: say so plainly; the traceback is for --debug
         if args.debug:
             raise
-        print(f"sm120kit: internal error: {type(exc).__name__}: {exc}\n  rerun with --debug for the traceback and report it", file=sys.stderr)
+        print(
+            f"sm120kit: internal error: {type(exc).__name__}: {exc}\n  rerun with --debug for the traceback and report it",
+            file=sys.stderr,
+        )
         return 2
 
 

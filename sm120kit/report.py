@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import TYPE_CHECKING, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # `ps` and `doctor` print tables too: they must not pay for the patch engine
     from sm120kit.patching.engine import Finding, Lost, Plan, Restore
@@ -205,10 +206,22 @@ def _ago(then: float | None) -> str:
 def ps_row(run: dict) -> list[str]:
     """One line of `sm120kit ps` from a run's state.json."""
     health = run.get("last_health") or {}
-    last = f"{'ok' if health.get('ok') else 'FAILED'} {health.get('detail', '')} ({_ago(health.get('at'))})" if health else "-"
+    last = (
+        f"{'ok' if health.get('ok') else 'FAILED'} {health.get('detail', '')} ({_ago(health.get('at'))})"
+        if health
+        else "-"
+    )
     pid = run.get("supervisor_pid", "-")
-    supervisor = str(pid) if run.get("running") else "-" if run.get("status") in ("stopped", "gave-up") else f"{pid} (gone)"
+    supervisor = (
+        str(pid) if run.get("running") else "-" if run.get("status") in ("stopped", "gave-up") else f"{pid} (gone)"
+    )
     return [
-        run.get("profile", "?"), run.get("status", "?"), supervisor, str(run.get("server_pid") or "-"),
-        _ago(run.get("since")), str(run.get("restarts", 0)), last, f"{run.get('host', '?')}:{run.get('port', '?')}",
-    ]  # fmt: skip
+        run.get("profile", "?"),
+        run.get("status", "?"),
+        supervisor,
+        str(run.get("server_pid") or "-"),
+        _ago(run.get("since")),
+        str(run.get("restarts", 0)),
+        last,
+        f"{run.get('host', '?')}:{run.get('port', '?')}",
+    ]

@@ -188,7 +188,13 @@ def _ask_site_dirs(python: str) -> list[str]:
 
     hint = "pass the python executable of the environment, e.g. --python /opt/venv/bin/python"
     try:
-        proc = subprocess.Popen([python, "-c", _SITE_QUERY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            [python, "-c", _SITE_QUERY],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
     except OSError as exc:
         raise UserError(f"--python {python}: cannot run it ({exc.strerror or exc})", hint) from None
     try:
@@ -197,7 +203,9 @@ def _ask_site_dirs(python: str) -> list[str]:
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        raise UserError(f"--python {python}: no answer within {PYTHON_TIMEOUT_S:g} s; it was stopped, with what it started", hint) from None
+        raise UserError(
+            f"--python {python}: no answer within {PYTHON_TIMEOUT_S:g} s; it was stopped, with what it started", hint
+        ) from None
     finally:
         with contextlib.suppress(OSError):  # what it left running in its session goes too
             os.killpg(proc.pid, signal.SIGKILL)
@@ -208,7 +216,9 @@ def _ask_site_dirs(python: str) -> list[str]:
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
             raise ValueError("not a list of directories")
     except ValueError as exc:
-        raise UserError(f"--python {python}: could not ask that interpreter for its site directories ({exc})", hint) from None
+        raise UserError(
+            f"--python {python}: could not ask that interpreter for its site directories ({exc})", hint
+        ) from None
     return paths
 
 
@@ -224,6 +234,4 @@ def resolve_target(python: str | None = None, site: str | None = None) -> Target
     if python:
         return Target(f"python {python}", _unique_dirs(_ask_site_dirs(python)))
     paths = sysconfig.get_paths()
-    return Target(
-        f"python {sys.executable}", _unique_dirs([paths["purelib"], paths["platlib"], *sys.path])
-    )
+    return Target(f"python {sys.executable}", _unique_dirs([paths["purelib"], paths["platlib"], *sys.path]))

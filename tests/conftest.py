@@ -28,7 +28,9 @@ FIXTURE_PATCHES = ROOT / "tests" / "fixtures" / "patches"
 
 # The files the shipped patches (and the fixture patch) touch, and those the flag schema is
 # read from; unpacking just these and the dist-info keeps a release install fast.
-MEMBERS = sorted({r.path for p in load_patches([str(FIXTURE_PATCHES)]) for r in p.rewrites}) + fetch_wheels.SCHEMA_SOURCES
+MEMBERS = (
+    sorted({r.path for p in load_patches([str(FIXTURE_PATCHES)]) for r in p.rewrites}) + fetch_wheels.SCHEMA_SOURCES
+)
 
 
 # The host's processes are not the tests' business: scans see only this test run's
@@ -69,7 +71,10 @@ def replace_installed(site: Path, package: str, relpath: str, data: bytes) -> No
     (site / relpath).write_bytes(data)
     [dist_info] = site.glob(f"{package.replace('-', '_')}-*.dist-info")
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    rows = [f"{relpath},sha256={digest},{len(data)}" if line.startswith(f"{relpath},") else line for line in (dist_info / "RECORD").read_text().splitlines()]
+    rows = [
+        f"{relpath},sha256={digest},{len(data)}" if line.startswith(f"{relpath},") else line
+        for line in (dist_info / "RECORD").read_text().splitlines()
+    ]
     (dist_info / "RECORD").write_text("\n".join(rows) + "\n")
 
 
@@ -85,7 +90,7 @@ def next_release(version: str) -> str | None:
     return WINDOW[i + 1] if i + 1 < len(WINDOW) else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def wheel_bytes(version: str, relpath: str, package: str = "sglang") -> bytes:
     with zipfile.ZipFile(fetch_wheels.fetch(package, version)) as zf:
         return zf.read(relpath)
@@ -130,4 +135,6 @@ def cli(capsys) -> Cli:
 
 def tree_snapshot(root: Path) -> dict[str, bytes]:
     """Every file under root (ledger included) with its bytes: "nothing changed" means equal."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != "lock"}
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != "lock"
+    }

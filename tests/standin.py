@@ -60,7 +60,12 @@ def foreign_server(root: Path, port: int, tp: int = 1, env: dict | None = None) 
     )
     script.chmod(0o755)
     argv = [str(script), "serve", "--model-path", "someone/else", "--port", str(port), "--tp-size", str(tp)]
-    proc = subprocess.Popen(argv, env={**os.environ, "SGLANG_STANDIN": "{}", **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        argv,
+        env={**os.environ, "SGLANG_STANDIN": "{}", **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     launcher = psutil.Process(proc.pid)
     deadline = time.monotonic() + 20
     while len([c for c in launcher.children() if c.cmdline()[:1] and c.cmdline()[0].startswith("sglang::")]) < tp + 1:
@@ -79,7 +84,9 @@ def free_port() -> int:
 class Served:
     """One `sm120kit serve` process and its run directory."""
 
-    def __init__(self, tmp_path: Path, python: Path, faults: dict, sets: list[str], extra: list[str], env: dict) -> None:
+    def __init__(
+        self, tmp_path: Path, python: Path, faults: dict, sets: list[str], extra: list[str], env: dict
+    ) -> None:
         tmp_path.mkdir(parents=True, exist_ok=True)
         self.python = python
         self.port = free_port()
@@ -87,17 +94,35 @@ class Served:
         self.dir = self.state / "serve" / "standin"
         self.token = uuid.uuid4().hex
         self.pids = tmp_path / f"standin-pids-{self.token[:6]}"
-        self.env = {**os.environ, "SM120KIT_STATE_DIR": str(self.state), "SGLANG_STANDIN": json.dumps(faults), "STANDIN_PIDS": str(self.pids), **env}
+        self.env = {
+            **os.environ,
+            "SM120KIT_STATE_DIR": str(self.state),
+            "SGLANG_STANDIN": json.dumps(faults),
+            "STANDIN_PIDS": str(self.pids),
+            **env,
+        }
         self.argv = [
-            sys.executable, "-m", "sm120kit", "serve", "standin", "--python", str(python), "--profile-dir", str(PROFILES),
-            "--no-gpu-check", "--set", f"server.port={self.port}", *(a for s in sets for a in ("--set", s)), *extra,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "sm120kit",
+            "serve",
+            "standin",
+            "--python",
+            str(python),
+            "--profile-dir",
+            str(PROFILES),
+            "--no-gpu-check",
+            "--set",
+            f"server.port={self.port}",
+            *(a for s in sets for a in ("--set", s)),
+            *extra,
+        ]
         self.out_path = tmp_path / f"supervisor-{self.token[:6]}.out"
         self.proc: subprocess.Popen | None = None
         self.started_at = time.time()
 
     def start(self) -> Served:
-        self.out_file = open(self.out_path, "w")
+        self.out_file = open(self.out_path, "w")  # noqa: SIM115 -- closed in stop()
         self.proc = subprocess.Popen(self.argv, stdout=self.out_file, stderr=subprocess.STDOUT, env=self.env)
         return self
 
@@ -125,7 +150,9 @@ class Served:
             if self.proc and self.proc.poll() is not None:
                 break
             time.sleep(0.05)
-        raise AssertionError(f"no {kind!r} event (#{count}) in time; events: {[e['event'] for e in self.events()]}\n{self.output}")
+        raise AssertionError(
+            f"no {kind!r} event (#{count}) in time; events: {[e['event'] for e in self.events()]}\n{self.output}"
+        )
 
     def signal(self, sig: int = signal.SIGINT, timeout: float = 30) -> int:
         self.proc.send_signal(sig)

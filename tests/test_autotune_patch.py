@@ -32,9 +32,8 @@ def gate(source: bytes):
     """The real gate function, extracted from the file and made callable."""
     tree = ast.parse(source)
     node = next(
-        n for n in ast.walk(tree)
-        if isinstance(n, ast.FunctionDef) and n.name == "_should_run_flashinfer_autotune"
-    )  # fmt: skip
+        n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_should_run_flashinfer_autotune"
+    )
     code = textwrap.dedent(ast.get_source_segment(source.decode(), node))
     scope: dict = {}
 
@@ -43,8 +42,12 @@ def gate(source: bytes):
         scope.clear()
         scope["torch"] = torch
         exec(code, scope)
-        spec = types.SimpleNamespace(**{k: (lambda: False) for k in ("is_eagle", "is_standalone", "is_ngram", "is_speculative")})
-        args = types.SimpleNamespace(disable_flashinfer_autotune=False, moe_runner_backend=backend, moe_a2a_backend="none")
+        spec = types.SimpleNamespace(
+            **{k: (lambda: False) for k in ("is_eagle", "is_standalone", "is_ngram", "is_speculative")}
+        )
+        args = types.SimpleNamespace(
+            disable_flashinfer_autotune=False, moe_runner_backend=backend, moe_a2a_backend="none"
+        )
         runner = types.SimpleNamespace(server_args=args, spec_algorithm=spec, is_draft_worker=False)
         return scope["_should_run_flashinfer_autotune"](runner)
 
@@ -99,7 +102,9 @@ def test_fixed_upstream_comes_from_shape_not_version():
     "mutation, reason",
     [
         pytest.param(b"def _should_run_flashinfer_autotune(", b"def _should_autotune(", id="gate renamed"),
-        pytest.param(b"if backend_str not in [", b"if self.server_args.moe_runner_backend not in [", id="test reshaped"),
+        pytest.param(
+            b"if backend_str not in [", b"if self.server_args.moe_runner_backend not in [", id="test reshaped"
+        ),
     ],
 )
 def test_unknown_shape_is_anchor_missing(mutation, reason):

@@ -24,7 +24,10 @@ AFTER = {256: 1846.0, 512: 2800.0, 1024: 3740.0}
 
 
 def levels(totals: dict[int, float]) -> list[Level]:
-    return [Level(c, 3 * c, {"total_throughput": t, "output_throughput": t / 3, "completed": 3 * c}) for c, t in totals.items()]
+    return [
+        Level(c, 3 * c, {"total_throughput": t, "output_throughput": t / 3, "completed": 3 * c})
+        for c, t in totals.items()
+    ]
 
 
 @pytest.mark.parametrize("text, parsed", [("64,128,256", [64, 128, 256]), (" 512, 64 ,64", [64, 512]), ("1", [1])])
@@ -32,7 +35,17 @@ def test_levels_parse(text, parsed):
     assert parse_levels(text) == parsed
 
 
-@pytest.mark.parametrize("text, message", [("", "empty"), (" , ", "empty"), ("64,x", "'x' is not"), ("0", "'0' is not"), ("-8", "'-8' is not"), ("6.5", "'6.5' is not")])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "empty"),
+        (" , ", "empty"),
+        ("64,x", "'x' is not"),
+        ("0", "'0' is not"),
+        ("-8", "'-8' is not"),
+        ("6.5", "'6.5' is not"),
+    ],
+)
 def test_levels_refused(text, message):
     with pytest.raises(BadLevels, match=message):
         parse_levels(text)
@@ -52,19 +65,26 @@ def test_after_the_patch_it_still_scales_and_queued_levels_are_flagged():
     assert v.plateau_from is None
     assert v.lines[0] == "1024 vs 512: +33.6% — still scaling at 3,740 tok/s; a higher concurrency may give more"
     v = verdict(levels({**AFTER, 2048: 3790.0}), max_running=1024)
-    assert v.plateau_from == 1024 and "levels 2048 exceed the server's max running requests (1024): the excess only queues" in v.lines
+    assert (
+        v.plateau_from == 1024
+        and "levels 2048 exceed the server's max running requests (1024): the excess only queues" in v.lines
+    )
     assert verdict(levels({256: 100.0, 1024: 121.0})).plateau_from is None  # +21% over two doublings is +10% each
 
 
 def test_a_threshold_and_too_few_levels():
     assert verdict(levels(BEFORE), threshold=0.05).plateau_from == 256
-    assert verdict(levels({64: 757.0})).lines == ["too few levels with figures to judge the scaling (two or more needed)"]
+    assert verdict(levels({64: 757.0})).lines == [
+        "too few levels with figures to judge the scaling (two or more needed)"
+    ]
 
 
 def test_table_and_compare():
     headers, rows = table_rows(levels(BEFORE))
     assert headers[:2] == ["concurrency", "total tok/s"] and headers[-2:] == ["done", "failed"]
-    assert rows[-1][:2] == ["512", "912.7"] and rows[-1][-2:] == ["1536", "0"] and rows[0][4] == "-"  # no peak figure: "-"
+    assert (
+        rows[-1][:2] == ["512", "912.7"] and rows[-1][-2:] == ["1536", "0"] and rows[0][4] == "-"
+    )  # no peak figure: "-"
     headers, rows = compare_rows(levels(BEFORE), levels(AFTER))
     row = {r[0]: r for r in rows}
     assert row["512"][1:4] == ["912.7", "2,800.0", "3.07x"] and row["256"][3] == "2.10x"
@@ -87,8 +107,22 @@ def server(tmp_path_factory, env_python):
 
 
 def bench(server: Served, out: Path, plan: dict, *extra: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "sm120kit", "bench", "standin", "--python", str(server.python), "--profile-dir", str(PROFILES),
-            "--set", f"server.port={server.port}", "--out", str(out), *extra]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "sm120kit",
+        "bench",
+        "standin",
+        "--python",
+        str(server.python),
+        "--profile-dir",
+        str(PROFILES),
+        "--set",
+        f"server.port={server.port}",
+        "--out",
+        str(out),
+        *extra,
+    ]
     env = {**server.env, "SGLANG_STANDIN_BENCH": json.dumps(plan)}
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
 
@@ -99,21 +133,39 @@ def test_a_sweep_reports_what_the_client_wrote(server, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     run = json.loads((out / "run.json").read_text())
     for level in run["levels"]:
-        written = json.loads((out / f"c{level['concurrency']}.jsonl").read_text().splitlines()[-1])  # the client's own file
+        written = json.loads(
+            (out / f"c{level['concurrency']}.jsonl").read_text().splitlines()[-1]
+        )  # the client's own file
         assert level["figures"] == written
         assert f"total {written['total_throughput']:,.1f} tok/s" in done.stdout
     assert run["finished"] and run["client"] == "sglang.benchmark.serving" and run["versions"]["sglang"] == "0.5.23"
-    assert run["command"][1:3] == ["-m", "sglang.benchmark.serving"] and "--dataset-name" in run["command"] and "random-ids" in run["command"]
+    assert (
+        run["command"][1:3] == ["-m", "sglang.benchmark.serving"]
+        and "--dataset-name" in run["command"]
+        and "random-ids" in run["command"]
+    )
     assert {p["patch"] for p in run["patches"]} >= {"sglang-dsa-page-table-guard"}
     assert "throughput has plateaued near 912 tok/s from concurrency 64 on" in done.stdout
     csv_rows = (out / "results.csv").read_text().splitlines()
-    assert csv_rows[0].startswith("concurrency,prompts,completed,failed,total_throughput") and csv_rows[-1].startswith("512,1536,1536,0,912.7")
+    assert csv_rows[0].startswith("concurrency,prompts,completed,failed,total_throughput") and csv_rows[-1].startswith(
+        "512,1536,1536,0,912.7"
+    )
     assert "| 512 | 912.7 |" in (out / "summary.md").read_text()
     assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # matplotlib is in the test extra
 
     after = tmp_path / "after"
-    assert bench(server, after, {"total": {str(c): t for c, t in AFTER.items()}}, "--concurrency", "256,512,1024").returncode == 0
-    cmp = subprocess.run([sys.executable, "-m", "sm120kit", "bench", "compare", str(out), str(after)], capture_output=True, text=True, check=True)
+    assert (
+        bench(
+            server, after, {"total": {str(c): t for c, t in AFTER.items()}}, "--concurrency", "256,512,1024"
+        ).returncode
+        == 0
+    )
+    cmp = subprocess.run(
+        [sys.executable, "-m", "sm120kit", "bench", "compare", str(out), str(after)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     line = next(x for x in cmp.stdout.splitlines() if x.startswith("512 "))
     assert "912.7" in line and "2,800.0" in line and "3.07x" in line
 
@@ -123,14 +175,30 @@ def test_failed_requests_and_a_crashed_level_are_reported_and_the_sweep_goes_on(
     done = bench(server, tmp_path / "r", plan, "--concurrency", "64,128,256")
     assert done.returncode == 1
     assert "concurrency 128: 192 of 384 requests failed" in done.stdout
-    assert "FAILED: the client wrote no result (exit code 1): aiohttp.client_exceptions.ServerDisconnectedError: Server disconnected; see c256.log" in done.stdout
+    assert (
+        "FAILED: the client wrote no result (exit code 1): aiohttp.client_exceptions.ServerDisconnectedError: Server disconnected; see c256.log"
+        in done.stdout
+    )
     run = json.loads((tmp_path / "r" / "run.json").read_text())
     assert [lv["failed"] for lv in run["levels"]] == [0, 192, 768]
 
 
 def test_no_server_is_a_clear_error_before_any_level(server, tmp_path):
-    argv = [sys.executable, "-m", "sm120kit", "bench", "standin", "--python", str(server.python), "--profile-dir", str(PROFILES),
-            "--set", "server.port=1", "--out", str(tmp_path / "r")]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "sm120kit",
+        "bench",
+        "standin",
+        "--python",
+        str(server.python),
+        "--profile-dir",
+        str(PROFILES),
+        "--set",
+        "server.port=1",
+        "--out",
+        str(tmp_path / "r"),
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, env=server.env)
     assert done.returncode == 2
     assert "no sglang server at http://127.0.0.1:1" in done.stderr and "nothing was benchmarked" in done.stderr
@@ -139,12 +207,32 @@ def test_no_server_is_a_clear_error_before_any_level(server, tmp_path):
 
 def test_ctrl_c_keeps_the_finished_levels(server, tmp_path):
     out = tmp_path / "r"
-    argv = [sys.executable, "-m", "sm120kit", "bench", "standin", "--python", str(server.python), "--profile-dir", str(PROFILES),
-            "--set", f"server.port={server.port}", "--out", str(out), "--concurrency", "32,64,128"]  # fmt: skip
-    env = {**server.env, "SGLANG_STANDIN_BENCH": json.dumps({"total": {"32": 438, "64": 757, "128": 806}, "sleep_s": 3.0})}
+    argv = [
+        sys.executable,
+        "-m",
+        "sm120kit",
+        "bench",
+        "standin",
+        "--python",
+        str(server.python),
+        "--profile-dir",
+        str(PROFILES),
+        "--set",
+        f"server.port={server.port}",
+        "--out",
+        str(out),
+        "--concurrency",
+        "32,64,128",
+    ]
+    env = {
+        **server.env,
+        "SGLANG_STANDIN_BENCH": json.dumps({"total": {"32": 438, "64": 757, "128": 806}, "sleep_s": 3.0}),
+    }
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     end = time.monotonic() + 60
-    while time.monotonic() < end and not ((out / "run.json").exists() and json.loads((out / "run.json").read_text())["levels"]):
+    while time.monotonic() < end and not (
+        (out / "run.json").exists() and json.loads((out / "run.json").read_text())["levels"]
+    ):
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=30)
@@ -159,7 +247,15 @@ def test_compare_needs_results_directories(tmp_path, cli):
     assert code == 2 and "is not a results directory (no run.json)" in err
 
 
-@pytest.mark.parametrize("version, module", [("0.5.9", "sglang.bench_serving"), ("0.5.14", "sglang.bench_serving"), ("0.5.15", "sglang.benchmark.serving"), ("0.5.23", "sglang.benchmark.serving")])
+@pytest.mark.parametrize(
+    "version, module",
+    [
+        ("0.5.9", "sglang.bench_serving"),
+        ("0.5.14", "sglang.bench_serving"),
+        ("0.5.15", "sglang.benchmark.serving"),
+        ("0.5.23", "sglang.benchmark.serving"),
+    ],
+)
 def test_the_client_module_of_each_release(site, version, module):
     from conftest import install
 
@@ -170,12 +266,14 @@ def test_the_client_module_of_each_release(site, version, module):
     assert client_module(resolve_target(site=str(site)).find("sglang")) == module
 
 
-
 def test_without_matplotlib_the_plot_is_skipped_with_a_note(tmp_path, monkeypatch):
     from sm120kit.bench.results import write_plot
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
-    assert write_plot(tmp_path, "t", levels(BEFORE)) == "plot.png skipped: matplotlib is not installed (pip install 'sm120kit[plot]')"
+    assert (
+        write_plot(tmp_path, "t", levels(BEFORE))
+        == "plot.png skipped: matplotlib is not installed (pip install 'sm120kit[plot]')"
+    )
     assert not (tmp_path / "plot.png").exists()
 
 
@@ -190,13 +288,22 @@ def test_the_standin_server_streams_generate_at_its_capacity(tmp_path):
     from standin import STANDIN, free_port
 
     port = free_port()
-    env = {**os.environ, "SGLANG_STANDIN": json.dumps({"load_s": 0.1, "warmup_s": 0.1, "tokens_per_s": 40, "request_tokens_per_s": 20})}
-    server = subprocess.Popen([sys.executable, str(STANDIN), "--port", str(port)], env=env, stderr=subprocess.DEVNULL, start_new_session=True)
+    env = {
+        **os.environ,
+        "SGLANG_STANDIN": json.dumps({"load_s": 0.1, "warmup_s": 0.1, "tokens_per_s": 40, "request_tokens_per_s": 20}),
+    }
+    server = subprocess.Popen(
+        [sys.executable, str(STANDIN), "--port", str(port)], env=env, stderr=subprocess.DEVNULL, start_new_session=True
+    )
 
     def generate(n: int) -> tuple[list[dict], float]:
         began = time.monotonic()
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        conn.request("POST", "/generate", json.dumps({"text": "w1 w2 w3", "sampling_params": {"max_new_tokens": n}, "stream": True}))
+        conn.request(
+            "POST",
+            "/generate",
+            json.dumps({"text": "w1 w2 w3", "sampling_params": {"max_new_tokens": n}, "stream": True}),
+        )
         response = conn.getresponse()
         body = response.read().decode()
         assert response.status == 200, response.status  # 503 while the stand-in starts
@@ -213,7 +320,10 @@ def test_the_standin_server_streams_generate_at_its_capacity(tmp_path):
             except (OSError, http.client.HTTPException, AssertionError):
                 time.sleep(0.1)
         assert [c["meta_info"]["completion_tokens"] for c in chunks] == list(range(1, 11))
-        assert chunks[-1]["text"].split() == [f"w{k}" for k in range(1, 11)] and chunks[-1]["meta_info"]["prompt_tokens"] == 3
+        assert (
+            chunks[-1]["text"].split() == [f"w{k}" for k in range(1, 11)]
+            and chunks[-1]["meta_info"]["prompt_tokens"] == 3
+        )
         took = []
         threads = [threading.Thread(target=lambda: took.append(generate(10)[1])) for _ in range(4)]
         for t in threads:
@@ -242,12 +352,23 @@ def test_a_level_rerun_into_the_same_directory_never_reports_the_old_line(server
 @pytest.mark.parametrize(
     ("option", "value"),
     [
-        ("--threshold", "inf"), ("--threshold", "nan"), ("--threshold", "0"), ("--threshold", "-0.1"), ("--threshold", "2"),
-        ("--input-len", "0"), ("--input-len", "-5"), ("--input-len", "1000000000"), ("--output-len", "0"), ("--output-len", "-1"),
-        ("--prompts-per-level", "0"), ("--prompts-per-level", "nan"), ("--prompts-per-level", "inf"), ("--prompts-per-level", "-1"),
+        ("--threshold", "inf"),
+        ("--threshold", "nan"),
+        ("--threshold", "0"),
+        ("--threshold", "-0.1"),
+        ("--threshold", "2"),
+        ("--input-len", "0"),
+        ("--input-len", "-5"),
+        ("--input-len", "1000000000"),
+        ("--output-len", "0"),
+        ("--output-len", "-1"),
+        ("--prompts-per-level", "0"),
+        ("--prompts-per-level", "nan"),
+        ("--prompts-per-level", "inf"),
+        ("--prompts-per-level", "-1"),
         ("--concurrency", "64,100000000"),
     ],
-)  # fmt: skip
+)
 def test_numbers_out_of_range_are_refused_before_anything_runs(cli, option, value):
     code, _, err = cli("bench", "--url", "http://127.0.0.1:9", option, value)
     assert code == 2 and "Traceback" not in err

@@ -15,15 +15,25 @@ from conftest import ROOT, WINDOW, flashinfer_pin, install, raise_version
 
 SCRIPT = ROOT / "scripts" / "conformance.py"
 # pip with no configuration and an index on a closed port: nothing can be downloaded.
-OFFLINE = {"PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "1", "PIP_TIMEOUT": "2", "PIP_FIND_LINKS": ""}
+OFFLINE = {
+    "PIP_CONFIG_FILE": os.devnull,
+    "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+    "PIP_RETRIES": "1",
+    "PIP_TIMEOUT": "2",
+    "PIP_FIND_LINKS": "",
+}
 
 
 def run(tmp_path, *args, env=None) -> tuple[int, str, str]:
     report = tmp_path / "report.md"
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), *args, "--report", str(report)],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path, env={**os.environ, **(env or {})},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+        env={**os.environ, **(env or {})},
+    )
     return proc.returncode, proc.stdout + proc.stderr, report.read_text() if report.exists() else ""
 
 
@@ -36,10 +46,18 @@ def test_the_proven_window_conforms_from_the_cache_alone(tmp_path):
     assert "(every cell settled and proven)" in out
     table = [line for line in report.splitlines() if line.startswith("| 0.5.")]
     assert len(table) == 3 * len(WINDOW)  # outcomes, lifecycle, profiles
-    assert "| 0.5.23 | 0.7.2 | fixed-upstream | fixed-upstream | fixed-upstream | would-apply | fixed-upstream | fixed-upstream ×2, would-apply |" in report
+    assert (
+        "| 0.5.23 | 0.7.2 | fixed-upstream | fixed-upstream | fixed-upstream | would-apply | fixed-upstream | fixed-upstream ×2, would-apply |"
+        in report
+    )
     assert "| 0.5.9 | ok | ok | ok | ok |" in report
-    assert "| 0.5.9 | ok (26 args) |" in report and "| 0.5.14 | ok (29 args) |" in report  # the per-phase CUDA-graph flags
-    assert "Every cell is settled and proven." in report and "**" not in report.split("## Verdict")[0].split("## Patch outcomes")[1]
+    assert (
+        "| 0.5.9 | ok (26 args) |" in report and "| 0.5.14 | ok (29 args) |" in report
+    )  # the per-phase CUDA-graph flags
+    assert (
+        "Every cell is settled and proven." in report
+        and "**" not in report.split("## Verdict")[0].split("## Patch outcomes")[1]
+    )
 
 
 def test_latest_is_the_newest_release_the_index_offers(tmp_path):

@@ -38,7 +38,11 @@ def templates(tmp_path_factory):
     patched = root / "patched" / "site-packages"
     shutil.copytree(vendor, patched)
     assert run_killed(patched, ["patch"], kill_after=None) == 0
-    files = sorted(str(p.relative_to(vendor)) for p in vendor.rglob("*.py") if p.read_bytes() != (patched / p.relative_to(vendor)).read_bytes())
+    files = sorted(
+        str(p.relative_to(vendor))
+        for p in vendor.rglob("*.py")
+        if p.read_bytes() != (patched / p.relative_to(vendor)).read_bytes()
+    )
     assert len(files) == 7
     return vendor, patched, files
 
@@ -118,7 +122,9 @@ def assert_finishes(cli, site: Path, vendor: Path, patched: Path, files: list[st
     for f in files:
         data = (site / f).read_bytes()
         package = "flashinfer-python" if f.startswith("flashinfer/") else "sglang"
-        assert data == (vendor / f).read_bytes() and hashlib.sha256(data).digest() == record_digest(site, package, f), where
+        assert data == (vendor / f).read_bytes() and hashlib.sha256(data).digest() == record_digest(site, package, f), (
+            where
+        )
     assert not leftovers(site) and not list(site.glob(".sm120kit/backups/*")), f"{where}: {leftovers(site)}"
 
 
@@ -131,7 +137,7 @@ def test_a_kill_at_any_step_of_patch_loses_nothing(templates, tmp_path, cli):
         assert run_killed(site, ["patch"], kill_after=n) == -signal.SIGKILL, f"step {n} of {total}"
         where = f"killed after step {n} of {total} of patch"
         assert_each_file_whole(site, vendor, patched, files, where)
-        code, doc = cli.json("status", "--site", site)
+        code, _doc = cli.json("status", "--site", site)
         if (site / ".sm120kit" / "journal.json").exists():
             assert code == 2, where  # never a false green while a run is unfinished
         assert_finishes(cli, site, vendor, patched, files, where)

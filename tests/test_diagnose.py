@@ -31,11 +31,20 @@ def test_triton_shared_memory_names_the_kernel(required, kernel):
     "line, sig",
     [
         ("AttributeError: 'PrefillMetadata' object has no attribute 'page_table_1_flattened'", "dsa-page-table"),
-        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 95.59 GiB", "cuda-out-of-memory"),
-        ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error", "nccl"),
+        (
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 95.59 GiB",
+            "cuda-out-of-memory",
+        ),
+        (
+            "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error",
+            "nccl",
+        ),
         ("RuntimeError: No supported CUDA architectures found for major versions [10].", "flashinfer-no-arch"),
         ("RuntimeError: CUDA error: an illegal instruction was encountered", "illegal-instruction"),
-        ("OSError: [Errno 98] error while attempting to bind on address ('127.0.0.1', 30000): Address already in use", "address-in-use"),
+        (
+            "OSError: [Errno 98] error while attempting to bind on address ('127.0.0.1', 30000): Address already in use",
+            "address-in-use",
+        ),
     ],
 )
 def test_each_signature(line, sig):
@@ -85,7 +94,12 @@ def test_a_huge_log_is_read_from_its_tail_in_bounded_memory(cli, tmp_path, monke
     with open(log, "wb") as fh:
         fh.truncate(256 << 20)  # sparse: 256 MiB of NULs without a newline, then the death
         fh.seek(0, 2)
-        fh.write(b"\n" + LOG_NOISE.encode() + b"RuntimeError: CUDA error: an illegal instruction was encountered\n" + LOG_NOISE.encode())
+        fh.write(
+            b"\n"
+            + LOG_NOISE.encode()
+            + b"RuntimeError: CUDA error: an illegal instruction was encountered\n"
+            + LOG_NOISE.encode()
+        )
     if source == "stdin":
         monkeypatch.setattr(sys, "stdin", open(log, encoding="utf-8"))  # noqa: SIM115 (closed with the test)
     tracemalloc.start()

@@ -22,25 +22,42 @@ Max locked memory         {memlock:<20} unlimited            bytes
 """
 
 
-def node(root: Path, *, cmdline="BOOT_IMAGE=/vmlinuz-6.8.0-49-generic ro amd_iommu=on iommu=pt", hmm="Y", vendor="Supermicro",
-         product="AS -4125GS-TNRT", hypervisor=False, shm="tmpfs /dev/shm tmpfs rw,nosuid,nodev 0 0", docker=False,
-         nofile="1048576", memlock="unlimited", iommu_type=None) -> Path:  # fmt: skip
+def node(
+    root: Path,
+    *,
+    cmdline="BOOT_IMAGE=/vmlinuz-6.8.0-49-generic ro amd_iommu=on iommu=pt",
+    hmm="Y",
+    vendor="Supermicro",
+    product="AS -4125GS-TNRT",
+    hypervisor=False,
+    shm="tmpfs /dev/shm tmpfs rw,nosuid,nodev 0 0",
+    docker=False,
+    nofile="1048576",
+    memlock="unlimited",
+    iommu_type=None,
+) -> Path:
     files = {
         "proc/cmdline": cmdline + "\n",
         "proc/mounts": "sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0\n" + shm + "\n",
         "proc/self/limits": LIMITS.format(nofile=nofile, memlock=memlock),
-        "proc/cpuinfo": "processor\t: 0\nflags\t\t: fpu vme de pse tsc msr pae sse sse2 avx2" + (" hypervisor" if hypervisor else "") + "\n",
-        "proc/1/environ": "", "proc/1/cgroup": "0::/init.scope\n",
+        "proc/cpuinfo": "processor\t: 0\nflags\t\t: fpu vme de pse tsc msr pae sse sse2 avx2"
+        + (" hypervisor" if hypervisor else "")
+        + "\n",
+        "proc/1/environ": "",
+        "proc/1/cgroup": "0::/init.scope\n",
         "sys/module/nvidia_uvm/parameters/uvm_disable_hmm": hmm + "\n",
-        "sys/class/dmi/id/sys_vendor": vendor + "\n", "sys/class/dmi/id/product_name": product + "\n",
+        "sys/class/dmi/id/sys_vendor": vendor + "\n",
+        "sys/class/dmi/id/product_name": product + "\n",
         **{f"sys/bus/pci/devices/0000:{b}:00.0/numa_node": f"{i // 4}\n" for i, b in enumerate(BUS)},
-    }  # fmt: skip
+    }
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
     for group in range(40):  # the domain type follows iommu=pt, unless the kernel's default says otherwise
         (root / "sys/kernel/iommu_groups" / str(group)).mkdir(parents=True, exist_ok=True)
-        (root / "sys/kernel/iommu_groups" / str(group) / "type").write_text((iommu_type or ("identity" if "iommu=pt" in cmdline else "DMA-FQ")) + "\n")
+        (root / "sys/kernel/iommu_groups" / str(group) / "type").write_text(
+            (iommu_type or ("identity" if "iommu=pt" in cmdline else "DMA-FQ")) + "\n"
+        )
     if docker:
         (root / ".dockerenv").write_text("")
     return root
@@ -74,7 +91,9 @@ def test_a_healthy_sm120_node_can_serve_glm5(cli, tmp_path):
     )
     assert c["driver"]["detail"] == "driver 580.95.05, CUDA 13.0"
     assert c["p2p"]["status"] == "ok" and c["iommu"]["status"] == "ok" and c["nvidia_uvm hmm"]["status"] == "ok"
-    assert c["topology"]["status"] == "ok" and "NUMA 0: GPU 0-3; 1: GPU 4-7" in c["topology"]["detail"]  # the profile sets NCCL_P2P_LEVEL=SYS
+    assert (
+        c["topology"]["status"] == "ok" and "NUMA 0: GPU 0-3; 1: GPU 4-7" in c["topology"]["detail"]
+    )  # the profile sets NCCL_P2P_LEVEL=SYS
     assert c["/dev/shm"]["status"] == "ok" and c["limits"]["status"] == "ok" and c["pcie"]["status"] == "ok"
     assert c["virtualisation"]["detail"] == "bare metal, no container"
 
@@ -82,7 +101,12 @@ def test_a_healthy_sm120_node_can_serve_glm5(cli, tmp_path):
 def test_two_sockets_without_the_nccl_setting_warn(cli, tmp_path):
     code, out = run(cli, tmp_path, SM120, node(tmp_path / "root"))
     t = checks(out)["topology"]
-    assert code == 0 and t["status"] == "warn" and "NCCL_P2P_LEVEL is unset" in t["detail"] and "NCCL_P2P_LEVEL=SYS" in t["fix"]
+    assert (
+        code == 0
+        and t["status"] == "warn"
+        and "NCCL_P2P_LEVEL is unset" in t["detail"]
+        and "NCCL_P2P_LEVEL=SYS" in t["fix"]
+    )
 
 
 def broken(name: str, tree: dict, doc=None):
@@ -97,7 +121,10 @@ def x8(doc: dict) -> dict:
 
 def p2p_blocked(doc: dict) -> dict:
     doc = copy.deepcopy(doc)
-    doc["p2p"] = [[None if i == j else {"read": "chipset not supported", "write": "chipset not supported"} for j in range(8)] for i in range(8)]
+    doc["p2p"] = [
+        [None if i == j else {"read": "chipset not supported", "write": "chipset not supported"} for j in range(8)]
+        for i in range(8)
+    ]
     doc["topology"] = [[None if i == j else "host-bridge" for j in range(8)] for i in range(8)]
     return doc
 
@@ -106,16 +133,38 @@ def p2p_blocked(doc: dict) -> dict:
     "tree, doc, check, status, words, fix",
     [
         ({"hmm": "N"}, None, "nvidia_uvm hmm", "warn", "HMM is on", "uvm_disable_hmm=1"),
-        ({"vendor": "QEMU", "product": "Standard PC (Q35 + ICH9, 2009)", "hypervisor": True}, p2p_blocked, "p2p", "fail",
-         "28 GPU pair(s) without P2P (chipset not supported)", "LXC container"),
-        ({"cmdline": "BOOT_IMAGE=/vmlinuz-6.8.0-49-generic ro amd_iommu=on"}, None, "iommu", "fail", "without iommu=pt", "GRUB_CMDLINE_LINUX"),
-        ({"shm": "shm /dev/shm tmpfs rw,nosuid,nodev,noexec,relatime,size=65536k 0 0", "docker": True}, None, "/dev/shm", "fail", "64 MiB", "--shm-size"),
+        (
+            {"vendor": "QEMU", "product": "Standard PC (Q35 + ICH9, 2009)", "hypervisor": True},
+            p2p_blocked,
+            "p2p",
+            "fail",
+            "28 GPU pair(s) without P2P (chipset not supported)",
+            "LXC container",
+        ),
+        (
+            {"cmdline": "BOOT_IMAGE=/vmlinuz-6.8.0-49-generic ro amd_iommu=on"},
+            None,
+            "iommu",
+            "fail",
+            "without iommu=pt",
+            "GRUB_CMDLINE_LINUX",
+        ),
+        (
+            {"shm": "shm /dev/shm tmpfs rw,nosuid,nodev,noexec,relatime,size=65536k 0 0", "docker": True},
+            None,
+            "/dev/shm",
+            "fail",
+            "64 MiB",
+            "--shm-size",
+        ),
         ({}, x8, "pcie", "warn", "GPU 3 at x8 of x16", "full-width slot"),
         ({"nofile": "1024", "memlock": "8388608"}, None, "limits", "warn", "open files 1024", "LimitMEMLOCK=infinity"),
     ],
-)  # fmt: skip
+)
 def test_the_broken_states_of_the_field_report(cli, tmp_path, tree, doc, check, status, words, fix):
-    code, out = run(cli, tmp_path, doc(SM120) if doc else SM120, node(tmp_path / "root", **tree), "--profile", "glm5-nvfp4")
+    code, out = run(
+        cli, tmp_path, doc(SM120) if doc else SM120, node(tmp_path / "root", **tree), "--profile", "glm5-nvfp4"
+    )
     c = checks(out)[check]
     assert (c["status"], words in c["detail"], fix in c["fix"]) == (status, True, True), c
     assert code == (1 if status == "fail" else 0)
@@ -156,17 +205,25 @@ def test_gpu_processes_and_visible_devices(cli, tmp_path, monkeypatch):
     code, out = run(cli, tmp_path, doc, node(tmp_path / "root"))
     c = checks(out)
     assert c["gpu processes"]["detail"] == "memory already held: pid 4242 on GPU 2 (90112 MiB)"
-    assert code == 1 and c["environment"]["status"] == "fail" and "CUDA_VISIBLE_DEVICES=0,1,9 names a GPU NVML does not have" in c["environment"]["detail"]
+    assert (
+        code == 1
+        and c["environment"]["status"] == "fail"
+        and "CUDA_VISIBLE_DEVICES=0,1,9 names a GPU NVML does not have" in c["environment"]["detail"]
+    )
 
 
 def test_one_screen(cli, tmp_path):
     path = tmp_path / "nvml.json"
     path.write_text(json.dumps(p2p_blocked(SM120)))
-    code, out, err = cli("doctor", "--nvml", path, "--root", node(tmp_path / "root", hmm="N"), "--profile", "glm5-nvfp4")
+    code, out, err = cli(
+        "doctor", "--nvml", path, "--root", node(tmp_path / "root", hmm="N"), "--profile", "glm5-nvfp4"
+    )
     assert code == 1 and not err
     lines = out.splitlines()
     assert lines[0] == "sm120kit doctor --profile glm5-nvfp4"
-    assert any(line.startswith("FAIL  p2p") for line in lines) and any(line.startswith("WARN  nvidia_uvm hmm") for line in lines)
+    assert any(line.startswith("FAIL  p2p") for line in lines) and any(
+        line.startswith("WARN  nvidia_uvm hmm") for line in lines
+    )
     assert "to fix:" in out and "  p2p: GPU peer-to-peer does not pass" not in out  # bare metal here: the BIOS fix
     assert "  p2p: disable ACS in the BIOS" in out
     assert "GPU0  X     PHB!" in out and "! no P2P" in out
@@ -193,8 +250,14 @@ def test_bad_input(cli, tmp_path):
     "damage, says",
     [
         (lambda d: d.update(gpus="x"), "gpus: Input should be a valid list"),
-        (lambda d: d["gpus"][0].update(memory_total_mib="97887"), "gpus.0.memory_total_mib: Input should be a valid integer"),
-        (lambda d: d["gpus"][0].update(compute_capability=12.0), "gpus.0.compute_capability: Input should be a valid string"),
+        (
+            lambda d: d["gpus"][0].update(memory_total_mib="97887"),
+            "gpus.0.memory_total_mib: Input should be a valid integer",
+        ),
+        (
+            lambda d: d["gpus"][0].update(compute_capability=12.0),
+            "gpus.0.compute_capability: Input should be a valid string",
+        ),
         (lambda d: d["gpus"][1].update(processes=[123]), "gpus.1.processes: Input should be a valid dictionary"),
         (lambda d: d.update(p2p=[[None, {"read": "ok"}]]), "p2p.0.1.write: Field required"),
     ],
@@ -212,22 +275,57 @@ def test_a_doctor_json_document_replays(cli, tmp_path):
     """`doctor --json` on one node, `--nvml` of that file on another: the same GPU answers."""
     _, first = run(cli, tmp_path, SM120, node(tmp_path / "root"))
     (tmp_path / "sent.json").write_text(json.dumps(first))
-    code, again = cli.json("doctor", "--nvml", tmp_path / "sent.json", "--root", tmp_path / "root")
+    _code, again = cli.json("doctor", "--nvml", tmp_path / "sent.json", "--root", tmp_path / "root")
     assert again["nvml"] == SM120 and checks(again)["gpus"] == checks(first)["gpus"]
 
 
 def test_the_model_on_disk_or_the_space_for_it(cli, tmp_path):
     tree = node(tmp_path / "root")
     _, out = run(cli, tmp_path, SM120, tree, "--profile", "glm5-nvfp4")
-    assert checks(out)["disk"]["status"] == "ok" and "model lukealonso/GLM-5-NVFP4 present" in checks(out)["disk"]["detail"]
-    code, out = run(cli, tmp_path, SM120, tree, "--profile", "glm5-nvfp4", "--set", "model.path=org/not-here", "--set", "model.size_gb=999999999")
+    assert (
+        checks(out)["disk"]["status"] == "ok"
+        and "model lukealonso/GLM-5-NVFP4 present" in checks(out)["disk"]["detail"]
+    )
+    code, out = run(
+        cli,
+        tmp_path,
+        SM120,
+        tree,
+        "--profile",
+        "glm5-nvfp4",
+        "--set",
+        "model.path=org/not-here",
+        "--set",
+        "model.size_gb=999999999",
+    )
     d = checks(out)["disk"]
-    assert code == 1 and d["status"] == "fail" and "the model needs 999999999 GB" in d["detail"] and "huggingface-cli download org/not-here" in d["fix"]
-    code, out = run(cli, tmp_path, SM120, tree, "--profile", "glm5-nvfp4", "--set", "model.path=org/not-here", "--set", "model.size_gb=1")
+    assert (
+        code == 1
+        and d["status"] == "fail"
+        and "the model needs 999999999 GB" in d["detail"]
+        and "huggingface-cli download org/not-here" in d["fix"]
+    )
+    code, out = run(
+        cli,
+        tmp_path,
+        SM120,
+        tree,
+        "--profile",
+        "glm5-nvfp4",
+        "--set",
+        "model.path=org/not-here",
+        "--set",
+        "model.size_gb=1",
+    )
     assert code == 0 and checks(out)["disk"]["status"] == "info"
 
 
 def test_a_kernel_that_defaults_to_passthrough_needs_no_flag(cli, tmp_path):
     tree = node(tmp_path / "root", cmdline="BOOT_IMAGE=/vmlinuz-6.8.0-49-generic ro", iommu_type="identity")
     _, out = run(cli, tmp_path, SM120, tree)
-    assert checks(out)["iommu"] == {"check": "iommu", "status": "ok", "detail": "IOMMU on, every group in passthrough (identity) domains", "fix": ""}
+    assert checks(out)["iommu"] == {
+        "check": "iommu",
+        "status": "ok",
+        "detail": "IOMMU on, every group in passthrough (identity) domains",
+        "fix": "",
+    }

@@ -43,8 +43,12 @@ class _Scope(dict):
 
 def reader(source: bytes):
     tree = ast.parse(source)
-    node = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name in
-                ("_get_mla_kv_buffer_from_fp8_for_nsa", "_get_mla_kv_buffer_from_fp8_for_dsa"))  # fmt: skip
+    node = next(
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.FunctionDef)
+        and n.name in ("_get_mla_kv_buffer_from_fp8_for_nsa", "_get_mla_kv_buffer_from_fp8_for_dsa")
+    )
     code = textwrap.dedent(ast.get_source_segment(source.decode(), node))
 
     def call(metadata) -> str:
@@ -124,6 +128,8 @@ def test_an_upstream_fallback_is_fixed_upstream():
 
 def test_unknown_shape_is_anchor_missing():
     [rewrite] = PATCH.rewrites_for("0.5.23")
-    before = wheel_bytes("0.5.23", rewrite.path).replace(b"kv_indices = backend.forward_metadata.page_table_1_flattened", b"kv_indices = backend.page_table()")
+    before = wheel_bytes("0.5.23", rewrite.path).replace(
+        b"kv_indices = backend.forward_metadata.page_table_1_flattened", b"kv_indices = backend.page_table()"
+    )
     after, [finding] = _transform(before, [(PATCH, rewrite)], "0.5.23", rewrite.path)
     assert finding.outcome is Outcome.ANCHOR_MISSING and after == before

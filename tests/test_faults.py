@@ -30,12 +30,16 @@ def assert_refused(cli, site, *argv, says: str):
 
 
 def test_unknown_patch_id(cli, site10):
-    err = assert_refused(cli, site10, "patch", "--site", site10, "--only", "no-such-patch", says="unknown patch id 'no-such-patch'")
+    err = assert_refused(
+        cli, site10, "patch", "--site", site10, "--only", "no-such-patch", says="unknown patch id 'no-such-patch'"
+    )
     assert "sm120kit patches" in err
 
 
 def test_target_without_sglang(cli, site):
-    err = assert_refused(cli, site, "patch", "--site", site, says="none of flashinfer-python, sglang is installed in site")
+    err = assert_refused(
+        cli, site, "patch", "--site", site, says="none of flashinfer-python, sglang is installed in site"
+    )
     assert "--python" in err
     only = ("--only", "sglang-dsa-page-table-guard")
     assert_refused(cli, site, "patch", "--site", site, *only, says="sglang is not installed in site")
@@ -55,7 +59,7 @@ def test_read_only_file(cli, site10):
 def test_foreign_edit_is_refused_then_forced(cli, site10):
     with open(site10 / GATE, "a") as fh:
         fh.write("# a local hotfix\n")
-    code, out, err = cli("patch", "--site", site10)
+    code, out, _err = cli("patch", "--site", site10)
     assert code == 2 and "foreign-edit" in out and "nothing was written" in out
     code, out, _ = cli("patch", "--site", site10, "--force")
     assert code == 0 and "applied" in out
@@ -66,7 +70,11 @@ def test_foreign_edit_is_refused_then_forced(cli, site10):
 
 
 def test_anchor_missing(cli, site10):
-    data = (site10 / GATE).read_bytes().replace(b"if backend_str not in [", b"if self.server_args.moe_runner_backend not in [")
+    data = (
+        (site10 / GATE)
+        .read_bytes()
+        .replace(b"if backend_str not in [", b"if self.server_args.moe_runner_backend not in [")
+    )
     replace_installed(site10, "sglang", GATE, data)
     before = tree_snapshot(site10)
     code, out, _ = cli("patch", "--site", site10)
@@ -132,7 +140,7 @@ def test_lost_ledger_is_still_recognised(cli, site10):
     code, doc = cli.json("status", "--site", site10, "--only", "sglang-moe-autotune-flashinfer-cutlass")
     [row] = doc["results"]
     assert code == 0 and row["outcome"] == "already-applied" and "state was lost" in row["detail"]
-    code, out, err = cli("unpatch", "--site", site10)
+    code, out, _err = cli("unpatch", "--site", site10)
     assert code == 2 and "no-backup" in out and "pip install --force-reinstall --no-deps sglang==0.5.10" in out
 
 
@@ -141,7 +149,10 @@ def test_reinstall_of_same_version_is_reported(cli, site10):
     install(site10, "0.5.10")  # pip install --force-reinstall
     code, out, _ = cli("status", "--site", site10)
     assert code == 1
-    assert "sglang 0.5.10: patch sglang-moe-autotune-flashinfer-cutlass was lost (the file was reinstalled); run `sm120kit patch` to re-apply it" in out
+    assert (
+        "sglang 0.5.10: patch sglang-moe-autotune-flashinfer-cutlass was lost (the file was reinstalled); run `sm120kit patch` to re-apply it"
+        in out
+    )
 
 
 def test_write_keeps_mode_and_clears_stale_bytecode(cli, site10):
@@ -159,7 +170,7 @@ def test_write_keeps_mode_and_clears_stale_bytecode(cli, site10):
 
 def test_patch_path_environment_variable(cli, site10, monkeypatch):
     monkeypatch.setenv("SM120KIT_PATCH_PATH", str(FIXTURE_PATCHES))
-    code, doc = cli.json("patches")
+    _code, doc = cli.json("patches")
     sources = {p["id"]: p["source"] for p in doc["patches"]}
     assert sources["sglang-moe-autotune-flashinfer-cutlass"] == "shipped"
     assert sources["test-version-marker"].startswith(str(FIXTURE_PATCHES))
@@ -173,5 +184,7 @@ def test_a_user_patch_must_name_the_last_release_it_was_proven_on(cli, site10, t
         "    rewrites=(Rewrite('sglang/version.py', '>=0.5.9', lambda m, c: AlreadyApplied()),))\n"
     )
     mine = patch_dir(tmp_path / "mine", "sglang", "open_ended", source)
-    err = assert_refused(cli, site10, "status", "--site", site10, "--patch-dir", mine, says="names no last release it was proven on")
+    err = assert_refused(
+        cli, site10, "status", "--site", site10, "--patch-dir", mine, says="names no last release it was proven on"
+    )
     assert "<=X" in err

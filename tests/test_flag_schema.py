@@ -22,12 +22,26 @@ from sm120kit.target import Target
 # release: (flags, spellings). Spellings count aliases and the --no-x form that argparse adds
 # for BooleanOptionalAction.
 COUNTS = {
-    "0.5.9": (331, 341), "0.5.10": (354, 365), "0.5.10.post1": (354, 365), "0.5.11": (374, 387),
-    "0.5.12": (387, 402), "0.5.12.post1": (387, 402), "0.5.13": (406, 419), "0.5.13.post1": (406, 419),
-    "0.5.14": (420, 433), "0.5.15": (437, 451), "0.5.15.post1": (437, 451), "0.5.16": (460, 476),
-    "0.5.17": (474, 491), "0.5.18": (488, 506), "0.5.19": (503, 521), "0.5.20": (494, 513),
-    "0.5.21": (512, 532), "0.5.22": (521, 544), "0.5.23": (531, 559),
-}  # fmt: skip
+    "0.5.9": (331, 341),
+    "0.5.10": (354, 365),
+    "0.5.10.post1": (354, 365),
+    "0.5.11": (374, 387),
+    "0.5.12": (387, 402),
+    "0.5.12.post1": (387, 402),
+    "0.5.13": (406, 419),
+    "0.5.13.post1": (406, 419),
+    "0.5.14": (420, 433),
+    "0.5.15": (437, 451),
+    "0.5.15.post1": (437, 451),
+    "0.5.16": (460, 476),
+    "0.5.17": (474, 491),
+    "0.5.18": (488, 506),
+    "0.5.19": (503, 521),
+    "0.5.20": (494, 513),
+    "0.5.21": (512, 532),
+    "0.5.22": (521, 544),
+    "0.5.23": (531, 559),
+}
 
 
 def read_wheel(version: str):
@@ -93,17 +107,30 @@ def test_flags_we_rely_on(version):
     assert tp.name == ("--tp-size" if between(version, "0.5.14") else "--tensor-parallel-size")
     assert s.get("--tp-size=8") is tp
     for name, type_ in [
-        ("--max-running-requests", "int"), ("--mem-fraction-static", "float"), ("--chunked-prefill-size", "int"),
-        ("--host", "str"), ("--port", "int"), ("--api-key", "str"), ("--model-path", "str"),
-        ("--served-model-name", "str"), ("--nnodes", "int"), ("--node-rank", "int"), ("--dist-init-addr", "str"),
+        ("--max-running-requests", "int"),
+        ("--mem-fraction-static", "float"),
+        ("--chunked-prefill-size", "int"),
+        ("--host", "str"),
+        ("--port", "int"),
+        ("--api-key", "str"),
+        ("--model-path", "str"),
+        ("--served-model-name", "str"),
+        ("--nnodes", "int"),
+        ("--node-rank", "int"),
+        ("--dist-init-addr", "str"),
         ("--pp-size", "int"),
-    ]:  # fmt: skip
+    ]:
         flag = s.get(name)
         assert flag is not None and flag.takes_value and flag.type == type_ and not flag.deprecated, name
     assert s.get("--model") is s.get("--model-path")
     assert s.get("--nccl-init-addr") is s.get("--dist-init-addr")
     assert s.get("--pipeline-parallel-size") is s.get("--pp-size")
-    for name in ("--disable-radix-cache", "--trust-remote-code", "--disable-flashinfer-autotune", "--disable-shared-experts-fusion"):
+    for name in (
+        "--disable-radix-cache",
+        "--trust-remote-code",
+        "--disable-flashinfer-autotune",
+        "--disable-shared-experts-fusion",
+    ):
         flag = s.get(name)
         assert flag is not None and not flag.takes_value and flag.type == "bool" and not flag.deprecated, name
     assert s.get("--no-such-flag") is None
@@ -121,25 +148,38 @@ def test_release_brackets(version):
 
     # NSA -> DSA rename: deprecated aliases 0.5.13 - 0.5.19, gone in 0.5.20
     for phase in ("prefill", "decode"):
-        check(f"--nsa-{phase}-backend", between(version, first_without="0.5.20"),
-              between(version, "0.5.13"), f"--dsa-{phase}-backend" if between(version, "0.5.13") else None)  # fmt: skip
+        check(
+            f"--nsa-{phase}-backend",
+            between(version, first_without="0.5.20"),
+            between(version, "0.5.13"),
+            f"--dsa-{phase}-backend" if between(version, "0.5.13") else None,
+        )
         check(f"--dsa-{phase}-backend", between(version, "0.5.13"))
         if between(version, "0.5.13"):
-            assert {"flashmla_sparse", "flashmla_kv", "fa3", "tilelang", "trtllm"} <= set(s.get(f"--dsa-{phase}-backend").choices)
+            assert {"flashmla_sparse", "flashmla_kv", "fa3", "tilelang", "trtllm"} <= set(
+                s.get(f"--dsa-{phase}-backend").choices
+            )
     if between(version, first_without="0.5.20"):
         assert s.get("--nsa-prefill-backend").choices == s.get("--nsa-decode-backend").choices
     # CUDA graph flags split per phase in 0.5.14; the old ones are deprecated, --cuda-graph-max-bs then goes
     new = between(version, "0.5.14")
     check("--disable-cuda-graph", True, new, "--cuda-graph-backend-{decode,prefill}=disabled" if new else None)
     assert not s.get("--disable-cuda-graph").takes_value
-    check("--cuda-graph-max-bs", between(version, first_without="0.5.20"), new, "--cuda-graph-max-bs-decode" if new else None)
+    check(
+        "--cuda-graph-max-bs",
+        between(version, first_without="0.5.20"),
+        new,
+        "--cuda-graph-max-bs-decode" if new else None,
+    )
     for name in ("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill", "--cuda-graph-backend-decode"):
         check(name, new)
     if new:
         assert s.get("--cuda-graph-max-bs-decode").type == "int"
         assert {"full", "breakable", "disabled"} <= set(s.get("--cuda-graph-backend-decode").choices)
     # the store_true flag stays; from 0.5.14 its help says "(Deprecated: use ...)"
-    check("--enable-flashinfer-allreduce-fusion", True, new, "--flashinfer-allreduce-fusion-backend=auto" if new else None)
+    check(
+        "--enable-flashinfer-allreduce-fusion", True, new, "--flashinfer-allreduce-fusion-backend=auto" if new else None
+    )
     check("--flashinfer-allreduce-fusion-backend", new)
     if new:
         assert {"auto", "trtllm", "mnnvl"} <= set(s.get("--flashinfer-allreduce-fusion-backend").choices)
@@ -149,25 +189,67 @@ def test_choices_match_the_reference_lists():
     """The full lists of the reference (§4.2) for the first and the last release."""
     old, new = schema("0.5.9"), schema("0.5.23")
     assert old.get("--moe-runner-backend").choices == (
-        "auto", "deep_gemm", "triton", "triton_kernel", "flashinfer_trtllm", "flashinfer_cutlass",
-        "flashinfer_mxfp4", "flashinfer_cutedsl", "cutlass",
-    )  # fmt: skip
+        "auto",
+        "deep_gemm",
+        "triton",
+        "triton_kernel",
+        "flashinfer_trtllm",
+        "flashinfer_cutlass",
+        "flashinfer_mxfp4",
+        "flashinfer_cutedsl",
+        "cutlass",
+    )
     assert old.get("--kv-cache-dtype").choices == ("auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1")
-    assert old.get("--fp4-gemm-backend").choices == ("auto", "flashinfer_cudnn", "flashinfer_cutlass", "flashinfer_trtllm")
+    assert old.get("--fp4-gemm-backend").choices == (
+        "auto",
+        "flashinfer_cudnn",
+        "flashinfer_cutlass",
+        "flashinfer_trtllm",
+    )
     assert old.get("--nsa-prefill-backend").choices == (
-        "flashmla_sparse", "flashmla_kv", "flashmla_auto", "fa3", "tilelang", "aiter", "trtllm",
-    )  # fmt: skip
+        "flashmla_sparse",
+        "flashmla_kv",
+        "flashmla_auto",
+        "fa3",
+        "tilelang",
+        "aiter",
+        "trtllm",
+    )
     assert new.get("--kv-cache-dtype").choices == (
-        "auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16",
-    )  # fmt: skip
+        "auto",
+        "fp8_e5m2",
+        "fp8_e4m3",
+        "mxfp8",
+        "bf16",
+        "bfloat16",
+        "nvfp4",
+        "fp4_mx_block16",
+    )
     assert new.get("--dsa-prefill-backend").choices == (
-        "flashmla_sparse", "flashmla_sparse_q8", "flashmla_kv", "flashmla_auto", "flashinfer_sparse_mla",
-        "triton_sparse_mla", "fa3", "tilelang", "triton", "aiter", "trtllm", "intel_xpu",
-    )  # fmt: skip
-    assert set(new.get("--dsa-decode-backend").choices) == set(new.get("--dsa-prefill-backend").choices) - {"triton_sparse_mla"}
+        "flashmla_sparse",
+        "flashmla_sparse_q8",
+        "flashmla_kv",
+        "flashmla_auto",
+        "flashinfer_sparse_mla",
+        "triton_sparse_mla",
+        "fa3",
+        "tilelang",
+        "triton",
+        "aiter",
+        "trtllm",
+        "intel_xpu",
+    )
+    assert set(new.get("--dsa-decode-backend").choices) == set(new.get("--dsa-prefill-backend").choices) - {
+        "triton_sparse_mla"
+    }
     assert set(new.get("--fp4-gemm-backend").choices) == {
-        "auto", "flashinfer_cudnn", "flashinfer_cutedsl", "flashinfer_cutlass", "flashinfer_trtllm", "marlin",
-    }  # fmt: skip
+        "auto",
+        "flashinfer_cudnn",
+        "flashinfer_cutedsl",
+        "flashinfer_cutlass",
+        "flashinfer_trtllm",
+        "marlin",
+    }
     assert len(new.get("--moe-runner-backend").choices) == 22
     assert len(new.get("--attention-backend").choices) == 25
     # Backend.ALL, a class attribute in another module, lost tc_piecewise by 0.5.23
@@ -183,12 +265,19 @@ def test_deprecations_the_code_spells_out():
     assert old.get("--hybrid-kvcache-ratio") == flags.Flag(
         "--hybrid-kvcache-ratio", takes_value=False, type="bool", deprecated=True, replacement="--swa-full-tokens-ratio"
     )
-    assert old.get("--prefill-round-robin-balance").deprecated and old.get("--prefill-round-robin-balance").replacement is None
+    assert (
+        old.get("--prefill-round-robin-balance").deprecated
+        and old.get("--prefill-round-robin-balance").replacement is None
+    )
     # DeprecatedStoreConstAction with nargs=None and choices: the old valued form
     assert new.get("--monokernel-backend") == flags.Flag(
-        "--monokernel-backend", takes_value=True, type="str", choices=("amd",), deprecated=True,
+        "--monokernel-backend",
+        takes_value=True,
+        type="str",
+        choices=("amd",),
+        deprecated=True,
         replacement="--enable-amd-monokernel",
-    )  # fmt: skip
+    )
     assert not new.get("--enable-dp-attention").takes_value and new.get("--enable-dp-attention").deprecated
     # an annotated field whose help starts "(Deprecated, use --smg-grpc-mode)"
     assert new.get("--grpc-mode").deprecated and new.get("--grpc-mode").replacement == "--smg-grpc-mode"
@@ -243,8 +332,12 @@ def test_disk_cache_follows_every_file_read():
 def test_read_schema_from_an_installed_release(site):
     """read_schema finds the files through the Distribution, as the CLI does."""
     version = "0.5.14"
-    members = ["sglang/srt/server_args.py", "sglang/srt/arg_groups/*", "sglang/srt/utils/common.py",
-               "sglang/srt/model_executor/cuda_graph_config.py"]  # fmt: skip
+    members = [
+        "sglang/srt/server_args.py",
+        "sglang/srt/arg_groups/*",
+        "sglang/srt/utils/common.py",
+        "sglang/srt/model_executor/cuda_graph_config.py",
+    ]
     fetch_wheels.install(site, "sglang", version, members)
     dist = Target("test", [site]).find("sglang")
     assert dist is not None and dist.version == version

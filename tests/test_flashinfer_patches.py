@@ -51,7 +51,7 @@ def cases(select) -> list:
     return [pytest.param(p, v, id=f"{p.id}-{v}") for p in PATCHES.values() for v in select(p)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def wheel_file(version: str, relpath: str) -> bytes:
     with zipfile.ZipFile(fetch_wheels.fetch("flashinfer-python", version)) as zf:
         return zf.read(relpath)
@@ -64,7 +64,7 @@ def run(patch, version: str, source: bytes | None = None):
     return source, after, finding
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def patched(patch_id: str, version: str) -> bytes:
     return run(PATCHES[patch_id], version)[1]
 
@@ -163,7 +163,9 @@ def test_gemm_gdc_completes_a_half_fixed_file():
     assert finding.outcome is Outcome.WOULD_APPLY
     assert after.decode().count(f"# sm120kit: {GEMM.id}") == 1
     assert after.count(GDC.encode()) == before.count(GDC.encode()) + 2  # the tgv module had it already
-    assert {k for k, v in functions(after).items() if functions(edited)[k] != v} == {"gen_gemm_sm120_module_cutlass_fp4"}
+    assert {k for k, v in functions(after).items() if functions(edited)[k] != v} == {
+        "gen_gemm_sm120_module_cutlass_fp4"
+    }
     assert run(GEMM, "0.6.3", after)[2].outcome is Outcome.ALREADY_APPLIED
 
 
@@ -175,17 +177,45 @@ def test_gemm_gdc_completes_a_half_fixed_file():
     [
         pytest.param(ARCH, "0.6.3", b"if major >= 9:", b"if major >= 8:", id="arch-rule-changed"),
         pytest.param(ARCH, "0.6.3", b"class CompilationContext:", b"class BuildContext:", id="arch-class-renamed"),
-        pytest.param(ARCH, "0.6.7.post2", b'return (major, "0f")', b'return (major, "0a")', id="arch-normalizer-without-120f"),
-        pytest.param(GEMM, "0.6.3", b"def gen_gemm_sm120_module()", b"def gen_gemm_sm12x_module()", id="gemm-generator-renamed"),
-        pytest.param(GEMM, "0.6.3", b'"fp4_gemm_cutlass_sm120",', b'"fp4_gemm_cutlass_sm12x",', id="gemm-module-renamed"),
-        pytest.param(GEMM, "0.6.3", b"supported_major_versions=[12]\n    )\n    return gen_jit_spec(\n        \"fp4",
-                     b"supported_major_versions=[10, 12]\n    )\n    return gen_jit_spec(\n        \"fp4", id="gemm-not-sm12x-only"),
-        pytest.param(MOE, "0.6.3", b"def gen_cutlass_fused_moe_sm120_module(", b"def gen_cutlass_fused_moe_sm12x_module(", id="moe-generator-renamed"),
-        pytest.param(MOE, "0.6.7.post3", b"supported_major_versions=[12]", b"supported_major_versions=[10, 12]", id="moe-not-sm12x-only"),
-        pytest.param(MOE, "0.6.3", b"    nvcc_flags = [\n        \"-DCOMPILE_BLACKWELL_TMA_GEMMS\",\n        \"-DCOMPILE_BLACKWELL_SM120",
-                     b"    flags = [\n        \"-DCOMPILE_BLACKWELL_TMA_GEMMS\",\n        \"-DCOMPILE_BLACKWELL_SM120", id="moe-flags-renamed"),
+        pytest.param(
+            ARCH, "0.6.7.post2", b'return (major, "0f")', b'return (major, "0a")', id="arch-normalizer-without-120f"
+        ),
+        pytest.param(
+            GEMM, "0.6.3", b"def gen_gemm_sm120_module()", b"def gen_gemm_sm12x_module()", id="gemm-generator-renamed"
+        ),
+        pytest.param(
+            GEMM, "0.6.3", b'"fp4_gemm_cutlass_sm120",', b'"fp4_gemm_cutlass_sm12x",', id="gemm-module-renamed"
+        ),
+        pytest.param(
+            GEMM,
+            "0.6.3",
+            b'supported_major_versions=[12]\n    )\n    return gen_jit_spec(\n        "fp4',
+            b'supported_major_versions=[10, 12]\n    )\n    return gen_jit_spec(\n        "fp4',
+            id="gemm-not-sm12x-only",
+        ),
+        pytest.param(
+            MOE,
+            "0.6.3",
+            b"def gen_cutlass_fused_moe_sm120_module(",
+            b"def gen_cutlass_fused_moe_sm12x_module(",
+            id="moe-generator-renamed",
+        ),
+        pytest.param(
+            MOE,
+            "0.6.7.post3",
+            b"supported_major_versions=[12]",
+            b"supported_major_versions=[10, 12]",
+            id="moe-not-sm12x-only",
+        ),
+        pytest.param(
+            MOE,
+            "0.6.3",
+            b'    nvcc_flags = [\n        "-DCOMPILE_BLACKWELL_TMA_GEMMS",\n        "-DCOMPILE_BLACKWELL_SM120',
+            b'    flags = [\n        "-DCOMPILE_BLACKWELL_TMA_GEMMS",\n        "-DCOMPILE_BLACKWELL_SM120',
+            id="moe-flags-renamed",
+        ),
     ],
-)  # fmt: skip
+)
 def test_unknown_shape_is_anchor_missing(patch, version, old, new):
     before = wheel_file(version, patch.rewrites[0].path)
     assert before.count(old) == 1
@@ -208,12 +238,18 @@ def load_context(source: bytes, monkeypatch, capabilities, cuda):
         return Version(cuda) >= Version(version)
 
     torch = types.SimpleNamespace(
-        cuda=types.SimpleNamespace(device_count=lambda: len(capabilities), get_device_capability=lambda i: capabilities[i])
+        cuda=types.SimpleNamespace(
+            device_count=lambda: len(capabilities), get_device_capability=lambda i: capabilities[i]
+        )
     )
     cpp_ext = types.ModuleType("flashinfer.jit.cpp_ext")
     cpp_ext.is_cuda_version_at_least = at_least
-    for name, module in (("torch", torch), ("flashinfer", types.ModuleType("flashinfer")),
-                         ("flashinfer.jit", types.ModuleType("flashinfer.jit")), ("flashinfer.jit.cpp_ext", cpp_ext)):  # fmt: skip
+    for name, module in (
+        ("torch", torch),
+        ("flashinfer", types.ModuleType("flashinfer")),
+        ("flashinfer.jit", types.ModuleType("flashinfer.jit")),
+        ("flashinfer.jit.cpp_ext", cpp_ext),
+    ):
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.delenv("FLASHINFER_CUDA_ARCH_LIST", raising=False)
     scope: dict = {"__name__": "compilation_context"}
@@ -254,7 +290,7 @@ def test_arch_suffix_reaches_nvcc_and_survives_an_unknown_toolkit(monkeypatch):
         load_context(after, monkeypatch, [(9, 0)], "13.0")().get_nvcc_flags_list(supported_major_versions=[12])
     # No answer from nvcc or torch: keep upstream's compute_120a, keep the other GPUs.
     context = load_context(after, monkeypatch, [(12, 0), (9, 0)], RuntimeError("nvcc not found"))()
-    assert context.TARGET_CUDA_ARCHS == {(12, "0a"), (9, "0a")}
+    assert {(12, "0a"), (9, "0a")} == context.TARGET_CUDA_ARCHS
 
 
 @pytest.mark.parametrize(
@@ -265,7 +301,7 @@ def test_jit_workspace_of_the_real_modules(patch_it, toolkit, workspace, tmp_pat
     __init__ now has) on a faked SM 12.0 GPU and nvcc: the JIT workspace follows the arch."""
     site = tmp_path / "site"
     files = ["flashinfer/version.py", "flashinfer/_build_meta.py", "flashinfer/jit/env.py", "flashinfer/jit/cpp_ext.py"]
-    for relpath in files + [ARCH.rewrites[0].path]:
+    for relpath in [*files, ARCH.rewrites[0].path]:
         (site / relpath).parent.mkdir(parents=True, exist_ok=True)
         (site / relpath).write_bytes(wheel_file("0.6.3", relpath))
     if patch_it:
@@ -291,7 +327,7 @@ def test_jit_workspace_of_the_real_modules(patch_it, toolkit, workspace, tmp_pat
     try:
         import flashinfer.jit.env as env
 
-        assert env.FLASHINFER_WORKSPACE_DIR == tmp_path / "home" / ".cache" / "flashinfer" / "0.6.3" / workspace
+        assert tmp_path / "home" / ".cache" / "flashinfer" / "0.6.3" / workspace == env.FLASHINFER_WORKSPACE_DIR
         assert env.FLASHINFER_JIT_DIR == env.FLASHINFER_WORKSPACE_DIR / "cached_ops"
     finally:
         for name in [n for n in sys.modules if n.startswith("flashinfer.")]:

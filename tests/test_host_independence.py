@@ -41,8 +41,20 @@ def test_the_preflight_tests_give_the_same_results_with_a_foreign_sglang_process
     try:
         monkeypatch.delenv(procs.SCOPE, raising=False)  # as on a node: the scan sees the whole machine
         assert pid in {p.pid for p in procs.scan(sglang=True)}
-        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "t"), "-m", "preflight",
-                "tests/test_serve.py", "tests/test_serve_parts.py"]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--basetemp",
+            str(tmp_path / "t"),
+            "-m",
+            "preflight",
+            "tests/test_serve.py",
+            "tests/test_serve_parts.py",
+        ]
         done = subprocess.run(argv, check=False, cwd=ROOT, capture_output=True, text=True, timeout=400)
         summary = done.stdout.strip().splitlines()[-1]
         assert done.returncode == 0 and " passed" in summary and "failed" not in summary, done.stdout[-4000:]

@@ -49,7 +49,11 @@ def everything(site, victim) -> dict:
 
 
 @pytest.mark.parametrize(
-    "where, says", [("../outside/victim.txt", "leaves (or does not name a file in) the target"), ("absolute", "is not a relative path inside the target")]
+    "where, says",
+    [
+        ("../outside/victim.txt", "leaves (or does not name a file in) the target"),
+        ("absolute", "is not a relative path inside the target"),
+    ],
 )
 def test_a_ledger_path_outside_the_target_is_refused(patched, victim, cli, where, says):
     path = str(victim) if where == "absolute" else where
@@ -74,9 +78,18 @@ def test_a_journal_path_outside_the_target_is_left_alone(patched, victim, cli):
     backup's bytes as the 'old' ones to roll back to."""
     backup = next((patched / ".sm120kit" / "backups").iterdir())
     journal = {
-        "schema": 1, "op": "patch", "ledger_after": "0" * 64,
-        "files": [{"package": "sglang", "path": f"../../{victim.parent.name}/victim.txt", "before": backup.name, "after": sha256(victim.read_bytes())}],
-    }  # fmt: skip
+        "schema": 1,
+        "op": "patch",
+        "ledger_after": "0" * 64,
+        "files": [
+            {
+                "package": "sglang",
+                "path": f"../../{victim.parent.name}/victim.txt",
+                "before": backup.name,
+                "after": sha256(victim.read_bytes()),
+            }
+        ],
+    }
     (patched / ".sm120kit" / "journal.json").write_text(json.dumps(journal))
     code, out, err = cli("patch", "--verify", "--site", patched)
     assert code == 0, out + err
@@ -101,7 +114,7 @@ def test_a_symlinked_state_directory_is_refused(site, victim, cli):
     install(site, "0.5.23", flashinfer=False)
     (site / ".sm120kit").symlink_to(victim.parent)
     before = everything(site, victim)
-    code, out, err = cli("patch", "--site", site)
+    code, _out, err = cli("patch", "--site", site)
     assert code == 2 and "is a symbolic link" in err
     assert everything(site, victim) == before
 
@@ -120,17 +133,21 @@ def test_a_ledger_with_wrong_types_is_damaged_not_a_false_success(patched, cli, 
     damage(doc["files"][f"sglang:{FORWARD_MHA}"])
     write_ledger(patched, doc)
     before = tree_snapshot(patched)
-    code, out, err = cli("unpatch", "--site", patched)
+    code, _out, err = cli("unpatch", "--site", patched)
     assert code == 2 and "the sm120kit ledger is damaged" in err and says in err, err
     assert "move it aside" in err and tree_snapshot(patched) == before
     code, doc = cli.json("status", "--site", patched)
-    assert code == 2 and doc["damaged"] and {r["outcome"] for r in doc["results"] if r["path"] == FORWARD_MHA} == {"already-applied"}
+    assert (
+        code == 2
+        and doc["damaged"]
+        and {r["outcome"] for r in doc["results"] if r["path"] == FORWARD_MHA} == {"already-applied"}
+    )
 
 
 @pytest.mark.parametrize("text", ["[]", '{"schema": 1, "files": []}', '{"schema": "1"}', "{"])
 def test_a_ledger_of_the_wrong_shape_is_damaged(patched, cli, text):
     (patched / ".sm120kit" / "ledger.json").write_text(text)
-    code, out, err = cli("unpatch", "--site", patched)
+    code, _out, err = cli("unpatch", "--site", patched)
     assert code == 2 and "the sm120kit ledger is damaged" in err and "Traceback" not in err
 
 
@@ -140,7 +157,10 @@ def test_record_with_non_utf8_bytes(site, cli):
     record.write_bytes(b"sglang/caf\xe9.py,sha256=\xff\xfe,12\n" + record.read_bytes())
     code, out, err = cli("status", "--site", site)
     assert code == 1 and "Traceback" not in out + err and "would-apply" in out
-    assert "RECORD is not valid UTF-8 (a damaged installation)" in err and "pip install --force-reinstall --no-deps sglang==0.5.23" in err
+    assert (
+        "RECORD is not valid UTF-8 (a damaged installation)" in err
+        and "pip install --force-reinstall --no-deps sglang==0.5.23" in err
+    )
     assert cli("patch", "--verify", "--site", site)[0] == 0
     code, doc = cli.json("unpatch", "--site", site)
     assert code == 0 and all(r["detail"] == "matches the wheel's RECORD" for r in doc["results"])
@@ -150,7 +170,7 @@ def test_metadata_with_a_version_that_is_not_pep440(site, cli):
     install(site, "0.5.23", flashinfer=False)
     metadata = next(site.glob("sglang-*.dist-info")) / "METADATA"
     metadata.write_text(metadata.read_text().replace("Version: 0.5.23", "Version: 0.5.23-custom build", 1))
-    code, out, err = cli("status", "--site", site)
+    code, _out, err = cli("status", "--site", site)
     assert code == 2 and "sglang's version '0.5.23-custom build' is not a PEP 440 version" in err
     assert "pip install --force-reinstall --no-deps sglang" in err and "Traceback" not in err
 
@@ -165,7 +185,11 @@ def test_an_interpreter_that_hangs_is_stopped_with_what_it_started(tmp_path, mon
         target_module.resolve_target(python=str(python))
     child = int(pids.read_text())
     deadline = time.monotonic() + 5
-    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+    while (
+        psutil.pid_exists(child)
+        and psutil.Process(child).status() != psutil.STATUS_ZOMBIE
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.05)
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
@@ -203,13 +227,20 @@ def test_a_ledger_entry_for_a_file_no_patch_rewrites_is_refused(patched, victim,
     evil = patched / "evil-1.0.dist-info"
     evil.mkdir()
     (evil / "METADATA").write_text("Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n\n")
-    (evil / "direct_url.json").write_text(json.dumps({"url": f"file://{victim.parent}", "dir_info": {"editable": True}}))
+    (evil / "direct_url.json").write_text(
+        json.dumps({"url": f"file://{victim.parent}", "dir_info": {"editable": True}})
+    )
     doc = ledger_doc(patched)
-    entry = dict(doc["files"][f"sglang:{FORWARD_MHA}"], package="evil", path="victim.txt", patched_sha256=sha256(victim.read_bytes()))
+    entry = dict(
+        doc["files"][f"sglang:{FORWARD_MHA}"],
+        package="evil",
+        path="victim.txt",
+        patched_sha256=sha256(victim.read_bytes()),
+    )
     doc["files"]["evil:victim.txt"] = entry
     write_ledger(patched, doc)
     before = everything(patched, victim)
-    code, out, err = cli("unpatch", "--site", patched, "--force")
+    code, _out, err = cli("unpatch", "--site", patched, "--force")
     assert code == 2 and "evil:victim.txt is no file that sglang-dsa-page-table-guard rewrites" in err
     assert everything(patched, victim) == before
 
@@ -220,7 +251,7 @@ def test_a_symbolic_link_inside_the_package_does_not_lead_a_restore_out(patched,
     directory.rename(moved)
     directory.symlink_to(moved)
     before = everything(patched, victim) | {"moved": (moved / "forward_mha.py").read_bytes()}
-    code, out, err = cli("unpatch", "--site", patched)
+    code, _out, err = cli("unpatch", "--site", patched)
     assert code == 2 and "outside sglang's install root" in err
     assert everything(patched, victim) | {"moved": (moved / "forward_mha.py").read_bytes()} == before
 
@@ -228,19 +259,29 @@ def test_a_symbolic_link_inside_the_package_does_not_lead_a_restore_out(patched,
 @pytest.mark.parametrize(
     "damage, says",
     [
-        (lambda d: d.update(allowed_missing={"nocolon": {"package": "sglang", "version": "0.5.23"}}), "is not <package>:<patch id>"),
-        (lambda d: d["files"].update({"sglang:sglang/srt": dict(d["files"][f"sglang:{FORWARD_MHA}"], path="sglang/srt")}), "is no file that"),
+        (
+            lambda d: d.update(allowed_missing={"nocolon": {"package": "sglang", "version": "0.5.23"}}),
+            "is not <package>:<patch id>",
+        ),
+        (
+            lambda d: d["files"].update(
+                {"sglang:sglang/srt": dict(d["files"][f"sglang:{FORWARD_MHA}"], path="sglang/srt")}
+            ),
+            "is no file that",
+        ),
     ],
 )
 def test_other_damage_is_reported_not_an_internal_error(patched, cli, damage, says):
     doc = ledger_doc(patched)
     damage(doc)
     write_ledger(patched, doc)
-    code, out, err = cli("unpatch", "--site", patched)
+    code, _out, err = cli("unpatch", "--site", patched)
     assert code == 2 and says in err and "internal error" not in err
 
 
 def test_unpatch_dry_run_says_an_interrupted_run_comes_first(patched, cli):
-    (patched / ".sm120kit" / "journal.json").write_text(json.dumps({"schema": 1, "files": [], "ledger_after": "0" * 64}))
-    code, out, err = cli("unpatch", "--dry-run", "--site", patched)
+    (patched / ".sm120kit" / "journal.json").write_text(
+        json.dumps({"schema": 1, "files": [], "ledger_after": "0" * 64})
+    )
+    _code, _out, err = cli("unpatch", "--dry-run", "--site", patched)
     assert "`sm120kit unpatch` finishes it first" in err

@@ -43,9 +43,9 @@ def test_patch_and_unpatch_drop_the_cache(cli, site, jit_home):
 def test_kept_cache_is_reported_by_status(cli, site, jit_home):
     install(site, "0.5.9")
     cache = build_cache(jit_home, "0.6.3")
-    code, out, err = cli("patch", "--site", site, "--keep-jit-cache")
+    code, _out, err = cli("patch", "--site", site, "--keep-jit-cache")
     assert code == 0 and cache.exists() and "kept the JIT cache" in err
-    code, out, err = cli("status", "--site", site)
+    code, _out, err = cli("status", "--site", site)
     assert code == 0
     assert f"the JIT cache {cache} holds kernels built before sm120kit patched the sources" in err
     # A cache built after the patch is current: no warning.
@@ -66,5 +66,5 @@ def test_prebuilt_kernel_package_is_reported(cli, site, tmp_path):
     dist_info = site / "flashinfer_jit_cache-0.6.3.dist-info"
     dist_info.mkdir()
     (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: flashinfer-jit-cache\nVersion: 0.6.3\n\n")
-    code, doc = cli.json("status", "--site", site)
+    _code, doc = cli.json("status", "--site", site)
     assert any("flashinfer-jit-cache 0.6.3 is installed" in w for w in doc["warnings"])

@@ -46,7 +46,9 @@ def test_bad_input(cli, site, tmp_path):
     assert code == 2 and "glm5-nvfp4" in err and "Traceback" not in err
     code, _, err = cli("serve", "glm5-nvfp4", "--dry-run", "--site", site, "--set", "engine.max_runing_requests=1")
     assert code == 2 and "engine.max_running_requests" in err
-    code, _, err = cli("serve", "glm5-nvfp4", "--dry-run", "--site", site, "--set", "engine.attention_backend=flashinfr")
+    code, _, err = cli(
+        "serve", "glm5-nvfp4", "--dry-run", "--site", site, "--set", "engine.attention_backend=flashinfr"
+    )
     assert code == 2 and "flashinfer" in err and "accepts" in err
     code, _, err = cli("serve", "glm5-nvfp4", "--dry-run", "--site", site, "--set", "server.host=0.0.0.0")
     assert code == 2 and "api_key_env" in err
@@ -58,16 +60,27 @@ def test_bad_input(cli, site, tmp_path):
 
 
 def test_a_non_finite_health_budget_is_refused_by_every_command(cli, tmp_path):
-    for argv in (("serve", "glm5-nvfp4", "--dry-run", "--site", tmp_path), ("profile", "check", "glm5-nvfp4", "--site", tmp_path), ("bench", "glm5-nvfp4")):
+    for argv in (
+        ("serve", "glm5-nvfp4", "--dry-run", "--site", tmp_path),
+        ("profile", "check", "glm5-nvfp4", "--site", tmp_path),
+        ("bench", "glm5-nvfp4"),
+    ):
         code, out, err = cli(*argv, "--set", "health.stop_timeout_s=inf")
-        assert code == 2 and "health.stop_timeout_s: inf is not a finite number; allowed: a number above 0 and at most 86400" in err, (argv, err)
+        assert (
+            code == 2
+            and "health.stop_timeout_s: inf is not a finite number; allowed: a number above 0 and at most 86400" in err
+        ), (argv, err)
         assert "Traceback" not in err and not out
 
 
 def test_a_base_profile_without_a_model_cannot_serve(cli, tmp_path):
     """sm120-base names the node, not a model: sglang's parser rejects a command without
     --model-path, and tp 1 would use one of its 8 GPUs."""
-    for argv in (("serve", "sm120-base", "--dry-run", "--site", tmp_path), ("profile", "check", "sm120-base", "--site", tmp_path), ("bench", "sm120-base")):
+    for argv in (
+        ("serve", "sm120-base", "--dry-run", "--site", tmp_path),
+        ("profile", "check", "sm120-base", "--site", tmp_path),
+        ("bench", "sm120-base"),
+    ):
         code, out, err = cli(*argv)
         assert code == 2 and not out and "Traceback" not in err, (argv, err)
         assert "profile sm120-base" in err and "cannot serve" in err and "model.path is not set" in err, err
@@ -79,10 +92,15 @@ def test_a_base_profile_without_a_model_cannot_serve(cli, tmp_path):
     ("sets", "says"),
     [
         (["parallel.tp=4"], "parallel.tp × pp × dp = 4 GPUs, but node.gpus = 8"),
-        (["parallel.nnodes=2", "parallel.dist_init_addr=node0:5000"], "8 GPUs over parallel.nnodes = 2 is 4 per node, but node.gpus = 8"),
+        (
+            ["parallel.nnodes=2", "parallel.dist_init_addr=node0:5000"],
+            "8 GPUs over parallel.nnodes = 2 is 4 per node, but node.gpus = 8",
+        ),
         (["node.gpus=1"], "parallel.tp × pp × dp = 8 GPUs, but node.gpus = 1"),
     ],
 )
 def test_parallel_sizes_must_use_the_nodes_gpus(cli, tmp_path, sets, says):
-    code, out, err = cli("serve", "glm5-nvfp4", "--dry-run", "--site", tmp_path, *(a for s in sets for a in ("--set", s)))
+    code, out, err = cli(
+        "serve", "glm5-nvfp4", "--dry-run", "--site", tmp_path, *(a for s in sets for a in ("--set", s))
+    )
     assert code == 2 and says in err and not out, err

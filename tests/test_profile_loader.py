@@ -68,6 +68,7 @@ BASE = """\
 
 # -- composition -------------------------------------------------------------------------
 
+
 def test_a_plain_profile_gets_its_name_source_and_defaults(pdir):
     path = write(pdir, "plain", 'description = "x"\n[parallel]\ntp = 8\n')
     profile = load(pdir, "plain")
@@ -78,7 +79,10 @@ def test_a_plain_profile_gets_its_name_source_and_defaults(pdir):
 
 def test_extends_two_levels_merges_tables_and_replaces_lists(pdir):
     write(pdir, "base", BASE)
-    write(pdir, "mid", """\
+    write(
+        pdir,
+        "mid",
+        """\
         extends = "base"
         patches = ["p-mid"]
         [engine]
@@ -86,13 +90,18 @@ def test_extends_two_levels_merges_tables_and_replaces_lists(pdir):
         attention_backend = "flashinfer"
         [env]
         OMP_NUM_THREADS = "8"
-    """)
-    write(pdir, "top", """\
+    """,
+    )
+    write(
+        pdir,
+        "top",
+        """\
         extends = "mid"
         description = "top"
         [engine]
         attention_backend = "triton"
-    """)
+    """,
+    )
     profile = load(pdir, "top")
     assert profile.description == "top"
     assert profile.extends == "mid"
@@ -137,11 +146,13 @@ def test_a_path_to_a_toml_file_loads_with_its_own_directory_for_extends(pdir, tm
 
 # -- --set -------------------------------------------------------------------------------
 
+
 def test_set_overrides_after_extends(pdir):
     write(pdir, "base", BASE)
     write(pdir, "p", 'extends = "base"\n')
     profile = load(
-        pdir, "p",
+        pdir,
+        "p",
         "engine.max_running_requests=2048",  # int
         "engine.cuda_graphs=true",  # bool
         "engine.mem_fraction_static=0.9",  # float
@@ -194,13 +205,14 @@ def test_set_of_a_key_the_model_does_not_have_names_the_nearest(pdir):
 def test_a_wrong_type_from_set_names_the_set(pdir):
     write(pdir, "p", "")
     message = error(pdir, "p", "engine.cuda_graphs=yes")
-    assert "--set engine.cuda_graphs=yes: engine.cuda_graphs: expected true or false, got \"yes\"" in message
+    assert '--set engine.cuda_graphs=yes: engine.cuda_graphs: expected true or false, got "yes"' in message
 
 
 # -- the mistakes ------------------------------------------------------------------------
 
+
 def test_toml_syntax_error_names_file_line_and_column(pdir):
-    path = write(pdir, "bad", '[engine]\ncuda_graphs = false\nattention_backend = flashinfer\n')
+    path = write(pdir, "bad", "[engine]\ncuda_graphs = false\nattention_backend = flashinfer\n")
     message = error(pdir, "bad")
     assert str(path) in message and "line 3" in message and "column 21" in message
 
@@ -229,16 +241,19 @@ def test_an_error_names_the_file_that_wrote_the_key(pdir):
 @pytest.mark.parametrize(
     ("line", "expected"),
     [
-        ("[parallel]\ntp = \"8\"", 'parallel.tp: expected an integer, got "8"'),
+        ('[parallel]\ntp = "8"', 'parallel.tp: expected an integer, got "8"'),
         ("[parallel]\ntp = 8.5", "parallel.tp: expected an integer, got 8.5"),
         ("[engine]\ncuda_graphs = 1", "engine.cuda_graphs: expected true or false, got 1"),
-        ("[engine]\nmem_fraction_static = \"0.9\"", 'engine.mem_fraction_static: expected a number, got "0.9"'),
+        ('[engine]\nmem_fraction_static = "0.9"', 'engine.mem_fraction_static: expected a number, got "0.9"'),
         ("[model]\npath = 3", "model.path: expected a string, got 3"),
-        ("patches = \"a\"", 'patches: expected an array of strings, got "a"'),
-        ("patches = [\"a\", 2]", "patches[1]: expected a string, got 2"),
+        ('patches = "a"', 'patches: expected an array of strings, got "a"'),
+        ('patches = ["a", 2]', "patches[1]: expected a string, got 2"),
         ("engine = 3", "engine: expected a table, got 3"),
         ("[env]\nA = 1", "env.A: expected a string, got 1"),
-        ("[extra_args]\n\"--x\" = [1]", "extra_args.--x: expected a string or an integer or a number or true or false, got [1]"),
+        (
+            '[extra_args]\n"--x" = [1]',
+            "extra_args.--x: expected a string or an integer or a number or true or false, got [1]",
+        ),
     ],
 )
 def test_wrong_type_names_key_expected_type_and_value(pdir, line, expected):
@@ -252,14 +267,20 @@ def test_wrong_type_names_key_expected_type_and_value(pdir, line, expected):
     ("text", "expected"),
     [
         ("[engine]\nmem_fraction_static = 1.0", "engine.mem_fraction_static: Input should be less than 1"),
-        ("[engine]\nchunked_prefill_size = 0", "engine.chunked_prefill_size: must be a positive number of tokens, or -1"),
+        (
+            "[engine]\nchunked_prefill_size = 0",
+            "engine.chunked_prefill_size: must be a positive number of tokens, or -1",
+        ),
         ("[server]\nport = 70000", "server.port: Input should be less than or equal to 65535"),
         ("[parallel]\nnnodes = 2\nnode_rank = 2", "parallel.node_rank = 2 must be less than parallel.nnodes = 2"),
-        ("sglang = \"0.5.9\"", "sglang: '0.5.9' is not a PEP 440 version range"),
-        ("[env]\n\"NOT A NAME\" = \"1\"", "env: 'NOT A NAME' is not an environment variable name"),
-        ("[extra_args]\nenable-metrics = true", "keys must be flags that start with \"--\""),
-        ("[server]\napi_key_env = \"sk-live-123\"", "server.api_key_env: must be the NAME of an environment variable"),
-        ("[health]\nbackoff_initial_s = 60\nbackoff_max_s = 30", "health.backoff_max_s = 30.0 is less than health.backoff_initial_s = 60.0"),
+        ('sglang = "0.5.9"', "sglang: '0.5.9' is not a PEP 440 version range"),
+        ('[env]\n"NOT A NAME" = "1"', "env: 'NOT A NAME' is not an environment variable name"),
+        ("[extra_args]\nenable-metrics = true", 'keys must be flags that start with "--"'),
+        ('[server]\napi_key_env = "sk-live-123"', "server.api_key_env: must be the NAME of an environment variable"),
+        (
+            "[health]\nbackoff_initial_s = 60\nbackoff_max_s = 30",
+            "health.backoff_max_s = 30.0 is less than health.backoff_initial_s = 60.0",
+        ),
         ("extends = 3", "extends: expected a profile name or a list of names, got 3"),
         ('name = "x"', "unknown key name (name is set by sm120kit)"),
     ],
@@ -270,14 +291,18 @@ def test_invalid_values(pdir, text, expected):
 
 
 def test_every_problem_is_reported_at_once(pdir):
-    write(pdir, "p", "[parallel]\ntp = 0\npp = \"2\"\n[engine]\ncuda_graph = false\n")
+    write(pdir, "p", '[parallel]\ntp = 0\npp = "2"\n[engine]\ncuda_graph = false\n')
     message = error(pdir, "p")
     assert "parallel.tp" in message and "parallel.pp" in message and "engine.cuda_graph;" in message
     assert "(and 2 more above)" in message
 
 
 def test_ok_values_at_the_edges(pdir):
-    write(pdir, "p", "[engine]\nchunked_prefill_size = -1\nmem_fraction_static = 0.95\n[parallel]\nnnodes = 2\nnode_rank = 1\n")
+    write(
+        pdir,
+        "p",
+        "[engine]\nchunked_prefill_size = -1\nmem_fraction_static = 0.95\n[parallel]\nnnodes = 2\nnode_rank = 1\n",
+    )
     profile = load(pdir, "p")
     assert (profile.engine.chunked_prefill_size, profile.parallel.node_rank) == (-1, 1)
 
@@ -317,6 +342,7 @@ def test_a_file_that_is_not_utf8(pdir):
 
 # -- the public-bind rule ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "gpu-node-1.example.com"])
 def test_a_public_bind_needs_an_api_key(pdir, host):
     write(pdir, "p", f'[server]\nhost = "{host}"\n')
@@ -335,6 +361,7 @@ def test_a_loopback_bind_needs_no_key(pdir, host):
 
 # -- the JSON Schema ---------------------------------------------------------------------
 
+
 def test_the_schema_describes_every_field_and_forbids_extra_keys():
     schema = profile_schema()
     assert schema["$schema"].startswith("https://json-schema.org/")
@@ -351,6 +378,7 @@ def test_the_schema_describes_every_field_and_forbids_extra_keys():
 
 
 # -- where profiles are found ------------------------------------------------------------
+
 
 def test_search_path_profile_dir_then_env_then_shipped(tmp_path, monkeypatch):
     dirs = {k: tmp_path / k for k in ("cli", "env1", "env2", "shipped")}
@@ -380,7 +408,7 @@ def test_search_path_profile_dir_then_env_then_shipped(tmp_path, monkeypatch):
 
 def test_a_missing_profile_dir_is_an_error(tmp_path, monkeypatch):
     monkeypatch.delenv(ENV_VAR, raising=False)
-    with pytest.raises(UserError, match="profile directory .* does not exist"):
+    with pytest.raises(UserError, match=r"profile directory .* does not exist"):
         list_profiles([str(tmp_path / "nope")])
     monkeypatch.setenv(ENV_VAR, str(tmp_path / "nope"))
     with pytest.raises(UserError, match=f"\\${ENV_VAR}"):
@@ -397,34 +425,135 @@ def test_a_broken_file_is_listed_with_the_reason(pdir):
 
 def test_the_shipped_dir_is_the_checkout_profiles_dir_or_the_packaged_one():
     shipped = loader.shipped_dir()
-    assert shipped.name == "profiles" and shipped.parent.name in ("_shipped", Path(__file__).resolve().parent.parent.name)
+    assert shipped.name == "profiles" and shipped.parent.name in (
+        "_shipped",
+        Path(__file__).resolve().parent.parent.name,
+    )
 
 
 # -- fuzz: anything the user types is a Profile or a UserError -----------------------------
 
 TOML_BITS = [
-    "\n", " = ", "=", ".", ",", "[", "]", "{", "}", '"', "'", "#", "[engine]\n", "[server]\n", "[parallel]\n",
-    "[env]\n", "[extra_args]\n", "[[patches]]\n", "extends", "patches", "tp", "host", "port", "cuda_graphs",
-    "max_running_requests", "mem_fraction_static", "api_key_env", "node_rank", "nnodes", '"--x"', '"0.0.0.0"',
-    '"fuzz"', '"base"', '["base", "fuzz"]', "8", "-1", "0", "0.5", "1e400", "nan", "true", "1979-05-27", '"""',
+    "\n",
+    " = ",
+    "=",
+    ".",
+    ",",
+    "[",
+    "]",
+    "{",
+    "}",
+    '"',
+    "'",
+    "#",
+    "[engine]\n",
+    "[server]\n",
+    "[parallel]\n",
+    "[env]\n",
+    "[extra_args]\n",
+    "[[patches]]\n",
+    "extends",
+    "patches",
+    "tp",
+    "host",
+    "port",
+    "cuda_graphs",
+    "max_running_requests",
+    "mem_fraction_static",
+    "api_key_env",
+    "node_rank",
+    "nnodes",
+    '"--x"',
+    '"0.0.0.0"',
+    '"fuzz"',
+    '"base"',
+    '["base", "fuzz"]',
+    "8",
+    "-1",
+    "0",
+    "0.5",
+    "1e400",
+    "nan",
+    "true",
+    "1979-05-27",
+    '"""',
 ]
-KEYS = ["engine.max_running_requests", "engine.cuda_graphs", "server.host", "parallel.tp", "env.X", "extra_args.--x",
-        "extends", "node", "engine", "engine.max_runing_requests", "a..b", "", "patches", "server.port.x"]
+KEYS = [
+    "engine.max_running_requests",
+    "engine.cuda_graphs",
+    "server.host",
+    "parallel.tp",
+    "env.X",
+    "extra_args.--x",
+    "extends",
+    "node",
+    "engine",
+    "engine.max_runing_requests",
+    "a..b",
+    "",
+    "patches",
+    "server.port.x",
+]
 TABLES = ["", "engine", "server", "parallel", "node", "model", "health", "env", "extra_args", "engine.x", "nope"]
-NAMES = ["extends", "patches", "tp", "nnodes", "node_rank", "host", "port", "api_key_env", "allow_public_without_key",
-         "cuda_graphs", "max_running_requests", "mem_fraction_static", "chunked_prefill_size", "sglang", "name",
-         "description", '"--x"', "X", "gpus", "engine", "max_runing_requests", "backoff_max_s"]
-LITERALS = ["8", "0", "-1", "0.9", "1e400", "nan", "true", '"0.0.0.0"', '"K"', '"base"', '"fuzz"', '["base"]', '["a", 2]',
-            '">=0.5.9"', '"=bad"', "{ a = 1 }", "1979-05-27", "[]"]
+NAMES = [
+    "extends",
+    "patches",
+    "tp",
+    "nnodes",
+    "node_rank",
+    "host",
+    "port",
+    "api_key_env",
+    "allow_public_without_key",
+    "cuda_graphs",
+    "max_running_requests",
+    "mem_fraction_static",
+    "chunked_prefill_size",
+    "sglang",
+    "name",
+    "description",
+    '"--x"',
+    "X",
+    "gpus",
+    "engine",
+    "max_runing_requests",
+    "backoff_max_s",
+]
+LITERALS = [
+    "8",
+    "0",
+    "-1",
+    "0.9",
+    "1e400",
+    "nan",
+    "true",
+    '"0.0.0.0"',
+    '"K"',
+    '"base"',
+    '"fuzz"',
+    '["base"]',
+    '["a", 2]',
+    '">=0.5.9"',
+    '"=bad"',
+    "{ a = 1 }",
+    "1979-05-27",
+    "[]",
+]
 # Mostly valid TOML made of the model's own keys (so validation runs), or TOML-ish garbage.
-DOCUMENTS = st.lists(
-    st.tuples(
-        st.sampled_from(TABLES),
-        st.lists(st.tuples(st.sampled_from(NAMES), st.sampled_from(LITERALS)), max_size=4, unique_by=lambda kv: kv[0]),
-    ),
-    max_size=5,
-    unique_by=lambda table: table[0],
-).map(lambda tables: sorted(tables, key=lambda table: table[0] != "")).map(lambda tables: "".join((f"[{t}]\n" if t else "") + "".join(f"{k} = {v}\n" for k, v in kv) for t, kv in tables))
+DOCUMENTS = (
+    st.lists(
+        st.tuples(
+            st.sampled_from(TABLES),
+            st.lists(
+                st.tuples(st.sampled_from(NAMES), st.sampled_from(LITERALS)), max_size=4, unique_by=lambda kv: kv[0]
+            ),
+        ),
+        max_size=5,
+        unique_by=lambda table: table[0],
+    )
+    .map(lambda tables: sorted(tables, key=lambda table: table[0] != ""))
+    .map(lambda tables: "".join((f"[{t}]\n" if t else "") + "".join(f"{k} = {v}\n" for k, v in kv) for t, kv in tables))
+)
 GARBAGE = st.lists(st.sampled_from(TOML_BITS) | st.text(max_size=4), max_size=30).map("".join)
 VALUES = ["8", "true", "0.9", '"x"', "[1, 2]", "{gpus = 2}", "0.0.0.0", "", "=", "nan", "1\nx = 2", "[[", "-1"]
 
@@ -433,7 +562,11 @@ VALUES = ["8", "true", "0.9", '"x"', "[1, 2]", "{gpus = 2}", "0.0.0.0", "", "=",
 @given(
     text=DOCUMENTS | GARBAGE,
     sets=st.lists(
-        st.builds(lambda k, v: f"{k}={v}", st.sampled_from(KEYS) | st.text(max_size=8), st.sampled_from(VALUES) | st.text(max_size=8))
+        st.builds(
+            lambda k, v: f"{k}={v}",
+            st.sampled_from(KEYS) | st.text(max_size=8),
+            st.sampled_from(VALUES) | st.text(max_size=8),
+        )
         | st.text(max_size=12),
         max_size=3,
     ),
@@ -451,6 +584,7 @@ def test_fuzz_returns_a_profile_or_a_user_error(pdir, text, sets):
 
 # -- every number is finite and bounded (issue 12, item 8) -------------------------------
 
+
 def numeric_fields() -> list[tuple[str, str, type]]:
     """(table, key, int or float) of every number in a profile, found from the model itself."""
     from typing import get_args
@@ -462,7 +596,9 @@ def numeric_fields() -> list[tuple[str, str, type]]:
         if not (isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)):
             continue
         for key, field in info.annotation.model_fields.items():
-            kinds = {info_type for info_type in (field.annotation, *get_args(field.annotation)) if info_type in (int, float)}
+            kinds = {
+                info_type for info_type in (field.annotation, *get_args(field.annotation)) if info_type in (int, float)
+            }
             if kinds:
                 found.append((table, key, float if float in kinds else int))
     return found
@@ -470,7 +606,13 @@ def numeric_fields() -> list[tuple[str, str, type]]:
 
 def test_the_model_has_numbers_to_check():
     keys = {f"{t}.{k}" for t, k, _ in numeric_fields()}
-    assert {"health.stop_timeout_s", "health.startup_timeout_s", "parallel.tp", "server.port", "engine.mem_fraction_static"} <= keys
+    assert {
+        "health.stop_timeout_s",
+        "health.startup_timeout_s",
+        "parallel.tp",
+        "server.port",
+        "engine.mem_fraction_static",
+    } <= keys
 
 
 @pytest.mark.parametrize(("table", "key", "kind"), numeric_fields())
@@ -502,6 +644,7 @@ def test_non_finite_extra_args_values_are_refused(pdir):
 
 
 # -- extra_args may not undo what a field guards (issue 12, item 11) ----------------------
+
 
 @pytest.mark.parametrize(
     ("flag", "value", "field"),
@@ -540,5 +683,8 @@ def test_extra_args_may_not_carry_the_admin_key(pdir):
     """sglang's --admin-api-key has no field: in argv every user of the machine reads it."""
     path = write(pdir, "p", '[extra_args]\n"--admin-api-key" = "hunter2hunter2"\n')
     message = error(pdir, "p")
-    assert f"{path}: extra_args.--admin-api-key: --admin-api-key carries a secret" in message and "hunter2hunter2" not in message
+    assert (
+        f"{path}: extra_args.--admin-api-key: --admin-api-key carries a secret" in message
+        and "hunter2hunter2" not in message
+    )
     assert "remove --admin-api-key from [extra_args]" in message and "and set" not in message

@@ -22,7 +22,7 @@ SHIPPED = [name for name, _, _ in list_profiles([]) if load_profile(name, []).mo
 GOLDEN = ROOT / "tests" / "fixtures" / "golden"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def schema(version: str):
     with zipfile.ZipFile(fetch_wheels.fetch("sglang", version)) as zf:
         names = set(zf.namelist())
@@ -112,7 +112,14 @@ def test_serve_dry_run_prints_the_command_and_starts_nothing(cli, site):
 
 def test_multi_node_renders_sglangs_own_flags_and_node_rank_overrides(cli, site):
     install(site, "0.5.23", flashinfer=False)
-    sets = ["--set", "parallel.nnodes=2", "--set", "parallel.tp=16", "--set", "parallel.dist_init_addr=node0:5000"]  # 2 x 8 GPUs
+    sets = [
+        "--set",
+        "parallel.nnodes=2",
+        "--set",
+        "parallel.tp=16",
+        "--set",
+        "parallel.dist_init_addr=node0:5000",
+    ]  # 2 x 8 GPUs
     code, doc = cli.json("serve", "glm5-nvfp4", "--dry-run", "--site", site, *sets, "--node-rank", "1")
     pairs = argv_pairs(doc["argv"])
     assert code == 0 and pairs["--nnodes"] == "2" and pairs["--node-rank"] == "1"
@@ -124,13 +131,29 @@ def test_multi_node_renders_sglangs_own_flags_and_node_rank_overrides(cli, site)
 # -- extra_args may not undo what a field guards (issue 12, item 11) ----------------------
 
 EVERY_FIELD = [
-    "model.served_name=x", "model.quantization=modelopt_fp4", "model.trust_remote_code=true", "model.context_length=4096",
-    "parallel.ep=8", "parallel.pp=1", "parallel.nnodes=2", "parallel.tp=16", "parallel.dist_init_addr=node0:5000",
-    "engine.prefill_attention_backend=flashinfer", "engine.decode_attention_backend=flashinfer",
-    "engine.dsa_prefill_backend=flashmla_sparse", "engine.dsa_decode_backend=flashmla_sparse", "engine.fp4_gemm_backend=auto",
-    "engine.cuda_graphs=false", "engine.cuda_graph_max_bs=32", "engine.radix_cache=false", "engine.mem_fraction_static=0.8",
-    "engine.chunked_prefill_size=4096", "engine.disable_shared_experts_fusion=true", "engine.flashinfer_autotune=false",
-    "server.host=0.0.0.0", "server.api_key_env=SGLANG_API_KEY",
+    "model.served_name=x",
+    "model.quantization=modelopt_fp4",
+    "model.trust_remote_code=true",
+    "model.context_length=4096",
+    "parallel.ep=8",
+    "parallel.pp=1",
+    "parallel.nnodes=2",
+    "parallel.tp=16",
+    "parallel.dist_init_addr=node0:5000",
+    "engine.prefill_attention_backend=flashinfer",
+    "engine.decode_attention_backend=flashinfer",
+    "engine.dsa_prefill_backend=flashmla_sparse",
+    "engine.dsa_decode_backend=flashmla_sparse",
+    "engine.fp4_gemm_backend=auto",
+    "engine.cuda_graphs=false",
+    "engine.cuda_graph_max_bs=32",
+    "engine.radix_cache=false",
+    "engine.mem_fraction_static=0.8",
+    "engine.chunked_prefill_size=4096",
+    "engine.disable_shared_experts_fusion=true",
+    "engine.flashinfer_autotune=false",
+    "server.host=0.0.0.0",
+    "server.api_key_env=SGLANG_API_KEY",
 ]
 
 
@@ -152,8 +175,13 @@ def test_an_alias_of_an_owned_flag_in_the_installed_release_is_refused():
     from sm120kit.profiles.flags import FlagSchema
 
     real = schema("0.5.23")
-    flags = tuple(dataclasses.replace(f, aliases=(*f.aliases, "--bind-host")) if f.name == "--host" else f for f in real.flags)
+    flags = tuple(
+        dataclasses.replace(f, aliases=(*f.aliases, "--bind-host")) if f.name == "--host" else f for f in real.flags
+    )
     profile = load_profile("glm5-nvfp4", [], ["extra_args.--bind-host=0.0.0.0"])
     with pytest.raises(UserError) as err:
         render(profile, FlagSchema(real.version, flags))
-    assert "extra_args.'--bind-host': sglang 0.5.23 reads it as --host: --host is rendered from server.host: set server.host instead" in str(err.value)
+    assert (
+        "extra_args.'--bind-host': sglang 0.5.23 reads it as --host: --host is rendered from server.host: set server.host instead"
+        in str(err.value)
+    )

@@ -72,7 +72,11 @@ def test_lifecycle(version, site, cli):
                 head = f"{package} {installed[package]} -> {new[package]}: patch {r['patch']} was lost in the upgrade;"
                 assert head in out
         if before.get((AUTOTUNE, "sglang/srt/model_executor/model_runner.py")) == "would-apply":
-            tail = "re-applied" if Version(upgrade) < Version("0.5.13") else "not needed any more (fixed upstream in 0.5.13)"
+            tail = (
+                "re-applied"
+                if Version(upgrade) < Version("0.5.13")
+                else "not needed any more (fixed upstream in 0.5.13)"
+            )
             assert f"sglang {version} -> {upgrade}: patch {AUTOTUNE} was lost in the upgrade; {tail}" in out
         assert "verified: every patch is in place" in out
         lost = [line for line in out.splitlines() if "was lost" in line]

@@ -72,7 +72,11 @@ def test_outdated_revision_is_rebuilt_and_unpatched(patch_id, site, tmp_path, cl
     outcomes = {r["path"]: r["outcome"] for r in doc["results"]}
     assert code == 1
     assert {p: outcomes[p] for p in written} == dict.fromkeys(written, "outdated")
-    assert "fixed-upstream" not in {outcomes[p] for p in written} and "carries r1 of this patch; this sm120kit has r2" in doc["results"][0]["detail"] + "".join(r["detail"] for r in doc["results"])
+    assert "fixed-upstream" not in {
+        outcomes[p] for p in written
+    } and "carries r1 of this patch; this sm120kit has r2" in doc["results"][0]["detail"] + "".join(
+        r["detail"] for r in doc["results"]
+    )
     before = tree_snapshot(site)
     assert cli("patch", "--check", "--site", site, "--patch-dir", r2, "--only", patch_id)[0] == 1
     assert tree_snapshot(site) == before

@@ -9,6 +9,7 @@ the interpreter of that environment.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -66,7 +67,9 @@ def test_ready_only_when_it_generates_with_progress_then_a_clean_stop(serve):
     assert s.ours()  # the launcher, two schedulers and a detokenizer
     assert s.signal(signal.SIGINT) == 0
     stopped = s.wait("stopped")
-    assert stopped["clean"] and stopped["processes"] == 4 and stopped["sigkilled"] == [] and stopped["ports_taken"] == []
+    assert (
+        stopped["clean"] and stopped["processes"] == 4 and stopped["sigkilled"] == [] and stopped["ports_taken"] == []
+    )
     assert not s.ours()
     assert not procs.port_in_use("127.0.0.1", s.port)
     out = s.output
@@ -103,17 +106,29 @@ def test_triton_diagnosis_names_the_kernel_and_the_patch(serve):
 
 
 def test_backoff_doubles_until_the_crash_loop_limit(serve):
-    s = serve({"die_loading": DEATHS["cuda-out-of-memory"]}, sets=["health.max_restarts=3", "health.backoff_initial_s=0.2", "health.backoff_max_s=0.5"])
+    s = serve(
+        {"die_loading": DEATHS["cuda-out-of-memory"]},
+        sets=["health.max_restarts=3", "health.backoff_initial_s=0.2", "health.backoff_max_s=0.5"],
+    )
     code, out = s.run()
     assert code == 1
     assert [e["in_s"] for e in s.events("restarting")] == [0.2, 0.4, 0.5]
     starts = [e["t"] for e in s.events("started")]
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert all(gap >= delay for gap, delay in zip(gaps, [0.2, 0.4, 0.5]))
     gave_up = s.events("gave_up")[0]
-    assert gave_up["failures"] == 4 and len(gave_up["deaths"]) == 4 and all("cuda-out-of-memory" in d for d in gave_up["deaths"])
+    assert (
+        gave_up["failures"] == 4
+        and len(gave_up["deaths"]) == 4
+        and all("cuda-out-of-memory" in d for d in gave_up["deaths"])
+    )
     assert "giving up: 4 failed runs in a row (health.max_restarts = 3)" in out
-    assert sorted(p.name for p in s.dir.iterdir() if p.name.startswith("server.log")) == ["server.log", "server.log.1", "server.log.2", "server.log.3"]
+    assert sorted(p.name for p in s.dir.iterdir() if p.name.startswith("server.log")) == [
+        "server.log",
+        "server.log.1",
+        "server.log.2",
+        "server.log.3",
+    ]
     assert not s.ours()
 
 
@@ -121,17 +136,40 @@ def test_a_crash_then_a_good_start(serve, tmp_path):
     s = serve({"die_loading": DEATHS["nccl"], "fail_starts": 1, "counter": str(tmp_path / "starts")}).start()
     s.wait("ready")
     assert len(s.events("started")) == 2 and s.events("died")[0]["diagnoses"][0]["id"] == "nccl"
-    code, out, _ = ps(s)
+    _code, out, _ = ps(s)
     row = next(r for r in out["runs"] if r["profile"] == "standin")
     assert row["running"] and row["status"] == "ready" and row["restarts"] == 1 and row["last_health"]["ok"]
-    text = subprocess.run([sys.executable, "-m", "sm120kit", "ps"], capture_output=True, text=True, env=s.env, check=True).stdout
-    assert text.splitlines()[0].split() == ["PROFILE", "STATUS", "SUPERVISOR", "SERVER", "SINCE", "RESTARTS", "LAST", "HEALTH", "PORT"]
-    assert text.splitlines()[1].split()[:3] == ["standin", "ready", str(s.proc.pid)] and "ok 200" in text and f"127.0.0.1:{s.port}" in text
+    text = subprocess.run(
+        [sys.executable, "-m", "sm120kit", "ps"], capture_output=True, text=True, env=s.env, check=True
+    ).stdout
+    assert text.splitlines()[0].split() == [
+        "PROFILE",
+        "STATUS",
+        "SUPERVISOR",
+        "SERVER",
+        "SINCE",
+        "RESTARTS",
+        "LAST",
+        "HEALTH",
+        "PORT",
+    ]
+    assert (
+        text.splitlines()[1].split()[:3] == ["standin", "ready", str(s.proc.pid)]
+        and "ok 200" in text
+        and f"127.0.0.1:{s.port}" in text
+    )
     assert s.signal(signal.SIGTERM) == 0
 
 
 def test_death_after_ready_restarts(serve, tmp_path):
-    s = serve({"die_after_ready_s": 1.5, "die_text": DEATHS["illegal-instruction"], "fail_starts": 1, "counter": str(tmp_path / "starts")}).start()
+    s = serve(
+        {
+            "die_after_ready_s": 1.5,
+            "die_text": DEATHS["illegal-instruction"],
+            "fail_starts": 1,
+            "counter": str(tmp_path / "starts"),
+        }
+    ).start()
     died = s.wait("died")
     assert died["ready"] and died["diagnoses"][0]["id"] == "illegal-instruction"
     s.wait("ready", count=2)
@@ -141,7 +179,10 @@ def test_death_after_ready_restarts(serve, tmp_path):
 def test_a_hung_server_is_killed_and_restarted(serve, tmp_path):
     # /health_generate stops answering; sglang's own check gives up after
     # SGLANG_HEALTH_CHECK_TIMEOUT and answers 503 (a process check would say "alive")
-    s = serve({"hang_after_ready_s": 0.3, "fail_starts": 1, "counter": str(tmp_path / "starts")}, env={"SGLANG_HEALTH_CHECK_TIMEOUT": "1"}).start()
+    s = serve(
+        {"hang_after_ready_s": 0.3, "fail_starts": 1, "counter": str(tmp_path / "starts")},
+        env={"SGLANG_HEALTH_CHECK_TIMEOUT": "1"},
+    ).start()
     hung = s.wait("hung")
     failures = s.events("probe_failed")
     assert [f["consecutive"] for f in failures] == [1, 2] and failures[0]["detail"].startswith("503")
@@ -152,7 +193,11 @@ def test_a_hung_server_is_killed_and_restarted(serve, tmp_path):
 
 
 def test_a_probe_that_times_out_counts_as_a_failure(serve):
-    s = serve({"hang_after_ready_s": 1.0}, sets=["health.probe_timeout_s=0.3", "health.max_restarts=0"], env={"SGLANG_HEALTH_CHECK_TIMEOUT": "30"}).start()
+    s = serve(
+        {"hang_after_ready_s": 1.0},
+        sets=["health.probe_timeout_s=0.3", "health.max_restarts=0"],
+        env={"SGLANG_HEALTH_CHECK_TIMEOUT": "30"},
+    ).start()
     assert s.proc.wait(30) == 1
     assert s.events("probe_failed")[0]["detail"] == "timed out after 0.3 s"
     assert s.events("hung")
@@ -202,7 +247,7 @@ def test_a_second_ctrl_c_kills_at_once(serve):
 def test_a_worker_that_left_the_process_group_is_stopped_too(serve):
     s = serve({"orphan": True}).start()
     s.wait("ready")
-    orphan = [p for p in s.ours() if p.cmdline()[0] == "sglang::scheduler_TP1"][0]
+    orphan = next(p for p in s.ours() if p.cmdline()[0] == "sglang::scheduler_TP1")
     assert os.getpgid(orphan.pid) != s.events("started")[0]["pid"]  # outside killpg's reach
     assert s.signal() == 0
     stopped = s.wait("stopped")
@@ -238,7 +283,9 @@ def test_a_killed_supervisor_takes_the_server_down_and_the_next_preflight_finds_
     while time.monotonic() < deadline and len(s.ours()) > 1:
         time.sleep(0.05)
     left = s.ours()
-    assert not psutil.pid_exists(launcher) or psutil.Process(launcher).status() == psutil.STATUS_ZOMBIE  # died with its supervisor
+    assert (
+        not psutil.pid_exists(launcher) or psutil.Process(launcher).status() == psutil.STATUS_ZOMBIE
+    )  # died with its supervisor
     assert [p.cmdline()[0] for p in left] == ["sglang::scheduler_TP1"]  # what escaped on purpose
 
     row = next(r for r in ps(s)[1]["runs"] if r["profile"] == "standin")
@@ -317,13 +364,19 @@ def test_api_key_reaches_the_server_and_never_the_record(serve):
     assert models(secret) == 200 and models(None) == 401
     launcher = psutil.Process(s.events("started")[0]["pid"])
     key_file = s.dir / "api-key.yaml"
-    assert secret not in " ".join(launcher.cmdline()) and str(key_file) in launcher.cmdline()  # the process list shows a path
+    assert (
+        secret not in " ".join(launcher.cmdline()) and str(key_file) in launcher.cmdline()
+    )  # the process list shows a path
     assert key_file.stat().st_mode & 0o777 == 0o600
     assert s.signal() == 0
     assert not key_file.exists()
     assert secret in (s.dir / "server.log").read_text()  # sglang's own server_args line: the directory is private
     assert s.dir.stat().st_mode & 0o777 == 0o700
-    record = "".join(p.read_text() for p in s.dir.iterdir() if p.is_file() and not p.name.startswith(("server.log", "supervisor.lock")))
+    record = "".join(
+        p.read_text()
+        for p in s.dir.iterdir()
+        if p.is_file() and not p.name.startswith(("server.log", "supervisor.lock"))
+    )
     assert secret not in record and secret not in s.output  # events, state and the live tail say $STANDIN_KEY
     assert s.events("started")[0]["argv"][-2:] == ["--config", str(key_file)] and "api_key='$STANDIN_KEY'" in s.output
 
@@ -390,26 +443,54 @@ def test_a_full_disk_under_the_state_dir_does_not_stop_a_healthy_server(serve):
 @pytest.mark.preflight
 def test_api_key_variable_unset_is_refused(serve):
     code, out = serve(sets=["server.api_key_env=STANDIN_KEY_UNSET"]).run()
-    assert code == 2 and "FAIL api key: server.api_key_env = STANDIN_KEY_UNSET, but $STANDIN_KEY_UNSET is empty or not set" in out
+    assert (
+        code == 2
+        and "FAIL api key: server.api_key_env = STANDIN_KEY_UNSET, but $STANDIN_KEY_UNSET is empty or not set" in out
+    )
 
 
 @pytest.mark.preflight
 def test_required_patches_are_verified_before_a_start(serve, env_python):
     """glm5-nvfp4 on an unpatched sglang 0.5.23: refused until `sm120kit patch`."""
     s = serve()
-    argv = [sys.executable, "-m", "sm120kit", "serve", "glm5-nvfp4", "--python", str(env_python), "--check", "--no-gpu-check", "--set", f"server.port={s.port}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "sm120kit",
+        "serve",
+        "glm5-nvfp4",
+        "--python",
+        str(env_python),
+        "--check",
+        "--no-gpu-check",
+        "--set",
+        f"server.port={s.port}",
+    ]
     out = subprocess.run(argv, capture_output=True, text=True, env=s.env)
     assert out.returncode == 1
-    assert "FAIL patches: not in place: sglang-dsa-page-table-guard: would-apply; sglang-triton-smem-sm120: would-apply" in out.stdout
+    assert (
+        "FAIL patches: not in place: sglang-dsa-page-table-guard: would-apply; sglang-triton-smem-sm120: would-apply"
+        in out.stdout
+    )
     assert "-> run `sm120kit patch --verify` (or start anyway with --no-patch-check)" in out.stdout
     try:
-        patched = subprocess.run([sys.executable, "-m", "sm120kit", "patch", "--python", str(env_python)], capture_output=True, text=True, env=s.env)
+        patched = subprocess.run(
+            [sys.executable, "-m", "sm120kit", "patch", "--python", str(env_python)],
+            capture_output=True,
+            text=True,
+            env=s.env,
+        )
         assert patched.returncode == 0, patched.stdout + patched.stderr
         out = subprocess.run(argv, capture_output=True, text=True, env=s.env)
         assert out.returncode == 0, out.stdout
         assert "ok   patches: 6 in place, fixed upstream or not needed" in out.stdout
     finally:
-        subprocess.run([sys.executable, "-m", "sm120kit", "unpatch", "--python", str(env_python)], capture_output=True, env=s.env, check=True)
+        subprocess.run(
+            [sys.executable, "-m", "sm120kit", "unpatch", "--python", str(env_python)],
+            capture_output=True,
+            env=s.env,
+            check=True,
+        )
 
 
 def ps(s: Served) -> tuple[int, dict, str]:

@@ -46,12 +46,21 @@ def test_port_plan_follows_sglang_port_args():
     "line, phase",
     [
         ("[2026-11-29 10:00:00 TP0] Load weight begin. avail mem=94.50 GB", "loading weights"),
-        ("Loading safetensors checkpoint shards:  45% Completed | 41/92 [01:02<01:15,  0.68it/s]", "loading weights 45% (41/92 shards)"),
+        (
+            "Loading safetensors checkpoint shards:  45% Completed | 41/92 [01:02<01:15,  0.68it/s]",
+            "loading weights 45% (41/92 shards)",
+        ),
         ("[2026-11-29 10:00:36 TP0] Load weight end. elapsed=36.20 s, type=GlmMoeDsaForCausalLM", "weights loaded"),
         ("[2026-11-29 10:00:40 TP0] Memory pool end. avail mem=12.02 GB", "KV cache allocated"),
-        ("[2026-11-29 10:00:41 TP0] Capture cuda graph begin. This can take up to several minutes. avail mem=11.9 GB", "capturing CUDA graphs"),
+        (
+            "[2026-11-29 10:00:41 TP0] Capture cuda graph begin. This can take up to several minutes. avail mem=11.9 GB",
+            "capturing CUDA graphs",
+        ),
         ("Capturing batches (bs=512 avail_mem=11.02 GB):  10%|", "capturing CUDA graphs"),
-        ("[2026-11-29 10:04:09] INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)", "HTTP server up, warming up"),
+        (
+            "[2026-11-29 10:04:09] INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)",
+            "HTTP server up, warming up",
+        ),
         ("[2026-11-29 10:04:12] The server is fired up and ready to roll!", "warmup done"),
         ("[2026-11-29 10:04:12] Prefill batch. #new-seq: 1", None),
     ],
@@ -62,7 +71,9 @@ def test_phases_from_sglang_log_lines(line, phase):
 
 def test_tqdm_updates_joined_by_carriage_returns_are_lines():
     split = LineSplitter()
-    assert split.feed("shards:  25% Completed | 1/4 [..]\rshards:  50% Completed | 2/4") == ["shards:  25% Completed | 1/4 [..]"]
+    assert split.feed("shards:  25% Completed | 1/4 [..]\rshards:  50% Completed | 2/4") == [
+        "shards:  25% Completed | 1/4 [..]"
+    ]
     assert split.feed(" [..]\r\nnext") == ["shards:  50% Completed | 2/4 [..]"]
     assert split.feed("\n") == ["next"]
 
@@ -79,7 +90,11 @@ def test_rotation_keeps_the_newest(tmp_path):
         rotate(log, keep=3)
         log.write_text(f"run {run}\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["server.log", "server.log.1", "server.log.2", "server.log.3"]
-    assert [(tmp_path / n).read_text() for n in ("server.log", "server.log.1", "server.log.3")] == ["run 6\n", "run 5\n", "run 3\n"]
+    assert [(tmp_path / n).read_text() for n in ("server.log", "server.log.1", "server.log.3")] == [
+        "run 6\n",
+        "run 5\n",
+        "run 3\n",
+    ]
 
 
 def test_copy_truncate_keeps_an_appending_writer_writing(tmp_path):
@@ -93,7 +108,15 @@ def test_copy_truncate_keeps_an_appending_writer_writing(tmp_path):
 
 
 def gpu(index, cc="12.0", free=90, total=96, processes=None) -> gpus.Gpu:
-    return gpus.Gpu(index, "NVIDIA RTX PRO 6000 Blackwell Server Edition", f"GPU-{index:04d}-aaaa", cc, total * GiB, free * GiB, processes or {})
+    return gpus.Gpu(
+        index,
+        "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        f"GPU-{index:04d}-aaaa",
+        cc,
+        total * GiB,
+        free * GiB,
+        processes or {},
+    )
 
 
 def test_cuda_visible_devices_by_index_and_uuid():
@@ -110,8 +133,14 @@ def test_cuda_visible_devices_by_index_and_uuid():
     [
         ([gpu(i) for i in range(8)], None),
         ([gpu(i) for i in range(4)], "the profile needs 8 GPUs; 4 visible"),
-        ([gpu(i, cc="9.0") for i in range(8)], "the profile is for compute capability 12.0; GPU 0 (NVIDIA RTX PRO 6000 Blackwell Server Edition) is 9.0"),
-        ([gpu(0, free=6, processes={4242: 88 * GiB})] + [gpu(i) for i in range(1, 8)], "GPU 0 has 6144 of 98304 MiB free, below 0.85 of it; held by pid 4242 (90112 MiB)"),
+        (
+            [gpu(i, cc="9.0") for i in range(8)],
+            "the profile is for compute capability 12.0; GPU 0 (NVIDIA RTX PRO 6000 Blackwell Server Edition) is 9.0",
+        ),
+        (
+            [gpu(0, free=6, processes={4242: 88 * GiB})] + [gpu(i) for i in range(1, 8)],
+            "GPU 0 has 6144 of 98304 MiB free, below 0.85 of it; held by pid 4242 (90112 MiB)",
+        ),
     ],
 )
 def test_gpu_check_rules(monkeypatch, found, problem):
@@ -156,7 +185,17 @@ def test_without_a_driver_serve_and_doctor_both_fail_the_gpus(cli, no_driver, mo
     monkeypatch.setenv("SM120KIT_STATE_DIR", str(tmp_path / "state"))
     (tmp_path / "env").mkdir()
     python = make_env_python(tmp_path / "env", "0.5.23")
-    argv = ["serve", "standin", "--python", python, "--profile-dir", PROFILES, "--check", "--set", f"server.port={free_port()}"]
+    argv = [
+        "serve",
+        "standin",
+        "--python",
+        python,
+        "--profile-dir",
+        PROFILES,
+        "--check",
+        "--set",
+        f"server.port={free_port()}",
+    ]
     no_nvml = "no NVIDIA driver: NVML cannot start (NVML Shared Library Not Found)"
     code, out, err = cli(*argv)
     assert code == 1, out + err
@@ -178,7 +217,9 @@ def test_exit_descriptions():
 @pytest.mark.preflight
 def test_scan_finds_sglang_titles_and_our_marker():
     titled = subprocess.Popen(["sglang::scheduler_TP3", "-c", "import time; time.sleep(60)"], executable=sys.executable)
-    marked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, procs.MARKER: "p:1234"})
+    marked = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, procs.MARKER: "p:1234"}
+    )
     try:
         time.sleep(0.3)
         by_title = {p.pid: p for p in procs.scan(sglang=True)}
@@ -205,9 +246,16 @@ def test_stale_means_orphaned_not_merely_unrecognised(monkeypatch, tmp_path):
     line says nothing of sglang (an operator's script around sglang's Engine); one whose
     launcher is gone (re-parented to a subreaper outside its process group) is."""
     monkeypatch.setenv("SM120KIT_STATE_DIR", str(tmp_path))
-    launcher = subprocess.Popen([sys.executable, "-c", titled_child("time.sleep(60)")], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", titled_child("time.sleep(60)")],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     healthy = int(launcher.stdout.readline())
-    gone = subprocess.run([sys.executable, "-c", titled_child("")], capture_output=True, text=True, start_new_session=True, check=True)
+    gone = subprocess.run(
+        [sys.executable, "-c", titled_child("")], capture_output=True, text=True, start_new_session=True, check=True
+    )
     orphan = int(gone.stdout)
     try:
         for pid in (healthy, orphan):
@@ -215,7 +263,9 @@ def test_stale_means_orphaned_not_merely_unrecognised(monkeypatch, tmp_path):
                 time.sleep(0.02)
         check = preflight.check_stale(kill=False)
         listed, _, left_alone = check.detail.partition("left alone")
-        assert check.ok is False and f"pid {orphan} " in listed and "orphaned: its launcher is gone" in listed, check.detail
+        assert check.ok is False and f"pid {orphan} " in listed and "orphaned: its launcher is gone" in listed, (
+            check.detail
+        )
         assert f"pid {healthy} " not in listed and f"pid {healthy} " in left_alone, check.detail
     finally:
         launcher.kill()
@@ -229,9 +279,12 @@ def test_stale_means_orphaned_not_merely_unrecognised(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize(
     "parts, key",
-    [({"extra_args": {"--nccl-port": "auto"}}, 'extra_args."--nccl-port"'), ({"extra_args": {"--nccl-port": 99999}}, 'extra_args."--nccl-port"'),
-     ({"parallel": {"nnodes": 2, "dist_init_addr": "10.0.0.1:abc"}}, "parallel.dist_init_addr")],
-)  # fmt: skip
+    [
+        ({"extra_args": {"--nccl-port": "auto"}}, 'extra_args."--nccl-port"'),
+        ({"extra_args": {"--nccl-port": 99999}}, 'extra_args."--nccl-port"'),
+        ({"parallel": {"nnodes": 2, "dist_init_addr": "10.0.0.1:abc"}}, "parallel.dist_init_addr"),
+    ],
+)
 def test_a_port_that_is_not_a_port_is_a_clear_error(parts, key):
     from sm120kit.errors import UserError
 
@@ -317,7 +370,7 @@ def test_an_error_that_mentions_the_key_is_reraised_without_it():
         try:
             raise OSError(f"header Bearer {SECRET}")
         except OSError:
-            raise RuntimeError("wrapped")  # the chained one carries the key
+            raise RuntimeError("wrapped")  # noqa: B904 -- the chained one carries the key
     text = "".join(traceback.format_exception(info.value))
     assert SECRET not in text and "RuntimeError: wrapped" in text
     with pytest.raises(ValueError, match="no key here"), keep_secret(SECRET, "$K"):
@@ -325,6 +378,7 @@ def test_an_error_that_mentions_the_key_is_reraised_without_it():
 
 
 # -- redaction where a value is written, never of serialized records (item 10) -----------
+
 
 def test_the_record_is_never_rewritten_by_text_substitution(tmp_path):
     """A key that is also a piece of the record ("0") must not turn 127.0.0.1 into
@@ -397,7 +451,9 @@ def test_the_key_file_replaces_the_key_by_its_place_in_argv_not_its_text(tmp_pat
     from sm120kit.profiles.render import EnvRef, Launch
     from sm120kit.serve.command import resolve_argv
 
-    launch = Launch(["python3", "-m", "sglang.launch_server", "--host", "127.0.0.1", "--api-key", EnvRef("K")], {}, "0.5.23")
+    launch = Launch(
+        ["python3", "-m", "sglang.launch_server", "--host", "127.0.0.1", "--api-key", EnvRef("K")], {}, "0.5.23"
+    )
     argv, shown, key = resolve_argv(launch, {"K": "127.0.0.1"}, tmp_path / "api-key.yaml")
     assert argv[3:] == shown[3:] == ["--host", "127.0.0.1", "--config", str(tmp_path / "api-key.yaml")]
     assert key == "127.0.0.1" and '"127.0.0.1"' in (tmp_path / "api-key.yaml").read_text()

@@ -27,14 +27,14 @@ import pytest
 
 pytest.importorskip("triton")
 
-import triton.language as tl  # noqa: E402
-import triton_sm120 as aot  # noqa: E402
-from conftest import WINDOW, wheel_bytes  # noqa: E402
-from packaging.version import Version  # noqa: E402
+import triton.language as tl
+import triton_sm120 as aot
+from conftest import WINDOW, wheel_bytes
+from packaging.version import Version
 
-from sm120kit.patching.engine import _transform  # noqa: E402
-from sm120kit.patching.registry import load_patches  # noqa: E402
-from sm120kit.patching.spec import Outcome  # noqa: E402
+from sm120kit.patching.engine import _transform
+from sm120kit.patching.registry import load_patches
+from sm120kit.patching.spec import Outcome
 
 LIMIT = aot.SM120_SMEM_OPTIN
 SM120, HOPPER = (12, 0), (9, 0)
@@ -88,7 +88,7 @@ def load(tmp_path_factory):
     loaded once per file (set_gpu before each use: the module's globals are shared)."""
     tmp = tmp_path_factory.mktemp("kernels")
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def load(version: str, relpath: str, patched: bool = False):
         source = patched_bytes(version, relpath) if patched else wheel_bytes(version, relpath)
         return aot.load_kernels(source, tmp)
@@ -96,7 +96,7 @@ def load(tmp_path_factory):
     return load
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def smem_patch():
     return next((p for p in load_patches() if p.id == PATCH_ID), None)
 
@@ -135,21 +135,69 @@ def extend_launch(mod, lq: int, lv: int, gpu) -> aot.Launch:
     k, v = t((tokens, kv_heads, lq)), t((tokens, kv_heads, lv))
     kb, vb = t((slots, kv_heads, lq)), t((slots, kv_heads, lv))
     known = dict(
-        Q_Extend=q, K_Extend=k, V_Extend=v, O_Extend=o, LSE_Extend=None, K_Buffer=kb, V_Buffer=vb,
-        qo_indptr=t((9,), "int32"), kv_indptr=t((9,), "int32"), kv_indices=t((slots,), "int64"),
-        mask_ptr=None, mask_indptr=t((9,), "int64"), sink_ptr=None, window_kv_offset_ptr=None,
-        sm_scale=lq**-0.5, k_scale=1.0, v_scale=1.0, kv_group_num=heads // kv_heads,
-        stride_qbs=q.stride(0), stride_qh=q.stride(1), stride_kbs=k.stride(0), stride_kh=k.stride(1),
-        stride_vbs=v.stride(0), stride_vh=v.stride(1), stride_obs=o.stride(0), stride_oh=o.stride(1),
-        stride_lse_bs=0, stride_lse_h=0, stride_buf_kbs=kb.stride(0), stride_buf_kh=kb.stride(1),
-        stride_buf_vbs=vb.stride(0), stride_buf_vh=vb.stride(1), stride_buf_kpage=kb.stride(0),
-        stride_buf_ktok=kb.stride(0), stride_buf_vpage=vb.stride(0), stride_buf_vtok=vb.stride(0),
-        compact_batch_size=8, SLIDING_WINDOW_SIZE=-1, logit_cap=0.0, xai_temperature_len=-1, Lq=lq, Lv=lv,
-        BLOCK_DMODEL=dmodel, BLOCK_DPE=dpe, BLOCK_DV=dv, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_N_PREFIX=block_n,
-        USE_CUSTOM_MASK=False, IS_CAUSAL=True, SKIP_PREFIX_CUSTOM_MASK=True, STORE_LSE=False, SKIP_PREFIX=False,
-        SKIP_EXTEND=False, STORE_TRANSPOSE=False, HAS_SINK=False, USE_COMPACT_TILE_GRID=False, USE_EXP2=False,
-        USE_FP8_PREFIX=False, USE_FP8_EXTEND=False, FP8_MAX=1.0, PAGE_SIZE=1,
-    )  # fmt: skip
+        Q_Extend=q,
+        K_Extend=k,
+        V_Extend=v,
+        O_Extend=o,
+        LSE_Extend=None,
+        K_Buffer=kb,
+        V_Buffer=vb,
+        qo_indptr=t((9,), "int32"),
+        kv_indptr=t((9,), "int32"),
+        kv_indices=t((slots,), "int64"),
+        mask_ptr=None,
+        mask_indptr=t((9,), "int64"),
+        sink_ptr=None,
+        window_kv_offset_ptr=None,
+        sm_scale=lq**-0.5,
+        k_scale=1.0,
+        v_scale=1.0,
+        kv_group_num=heads // kv_heads,
+        stride_qbs=q.stride(0),
+        stride_qh=q.stride(1),
+        stride_kbs=k.stride(0),
+        stride_kh=k.stride(1),
+        stride_vbs=v.stride(0),
+        stride_vh=v.stride(1),
+        stride_obs=o.stride(0),
+        stride_oh=o.stride(1),
+        stride_lse_bs=0,
+        stride_lse_h=0,
+        stride_buf_kbs=kb.stride(0),
+        stride_buf_kh=kb.stride(1),
+        stride_buf_vbs=vb.stride(0),
+        stride_buf_vh=vb.stride(1),
+        stride_buf_kpage=kb.stride(0),
+        stride_buf_ktok=kb.stride(0),
+        stride_buf_vpage=vb.stride(0),
+        stride_buf_vtok=vb.stride(0),
+        compact_batch_size=8,
+        SLIDING_WINDOW_SIZE=-1,
+        logit_cap=0.0,
+        xai_temperature_len=-1,
+        Lq=lq,
+        Lv=lv,
+        BLOCK_DMODEL=dmodel,
+        BLOCK_DPE=dpe,
+        BLOCK_DV=dv,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_N_PREFIX=block_n,
+        USE_CUSTOM_MASK=False,
+        IS_CAUSAL=True,
+        SKIP_PREFIX_CUSTOM_MASK=True,
+        STORE_LSE=False,
+        SKIP_PREFIX=False,
+        SKIP_EXTEND=False,
+        STORE_TRANSPOSE=False,
+        HAS_SINK=False,
+        USE_COMPACT_TILE_GRID=False,
+        USE_EXP2=False,
+        USE_FP8_PREFIX=False,
+        USE_FP8_EXTEND=False,
+        FP8_MAX=1.0,
+        PAGE_SIZE=1,
+    )
     kernel = mod._fwd_kernel  # parameters it lacks are left out; one we do not know fails to compile
     args = {p.name: known[p.name] for p in kernel.params if p.name in known}
     return aot.Launch(kernel, args, num_warps, num_stages)
@@ -178,19 +226,58 @@ def moe_launch(mod, config: dict, m: int, gpu, e=128, n=1408, k=4096, topk=8) ->
     em = m * topk + e * (config["BLOCK_SIZE_M"] - 1)  # moe_align_block_size's padded length
     a, b, c = t((m, k), "float8_e4m3fn"), t((e, 2 * n, k), "float8_e4m3fn"), t((m, topk, 2 * n))
     known = dict(
-        a_ptr=a, a_desc=None, b_ptr=b, b_desc=None, bias_ptr=None, c_ptr=c, a_scale_ptr=t((1,), "float32"),
-        b_scale_ptr=t((e,), "float32"), topk_weights_ptr=t((m, topk), "float32"), sorted_token_ids_ptr=t((em,), "int32"),
-        expert_ids_ptr=t((em // config["BLOCK_SIZE_M"],), "int32"), num_tokens_post_padded_ptr=t((1,), "int32"),
-        add_mask_ptr=None, N=2 * n, K=k, EM=em, num_valid_tokens=m * topk,
-        stride_am=a.stride(0), stride_ak=a.stride(1), stride_be=b.stride(0), stride_bk=b.stride(2), stride_bn=b.stride(1),
-        stride_bias_e=0, stride_bias_n=0, stride_cm=c.stride(-2), stride_cn=c.stride(-1),
-        stride_asm=0, stride_ask=0, stride_bse=0, stride_bsk=0, stride_bsn=0, group_n=0, group_k=0,
-        MUL_ROUTED_WEIGHT=False, top_k=topk, compute_type=tl.bfloat16, use_fp8_w8a8=True, use_int8_w8a8=False,
-        use_int8_w8a16=False, per_channel_quant=False, even_Ks=k % config["BLOCK_SIZE_K"] == 0, c_sorted=False,
-        filter_expert=True, swap_ab=mod.should_enable_swap_ab(config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"]),
-        FUSE_ADD_TO_OUTPUT=False, MASK_OUTPUT=False, FUSE_SUM_ALL_REDUCE=False, LORA_PRESERVE_BASE=False,
-        ROUTER_TOPK=1, FUSE_SWIGLU=False, **config,
-    )  # fmt: skip
+        a_ptr=a,
+        a_desc=None,
+        b_ptr=b,
+        b_desc=None,
+        bias_ptr=None,
+        c_ptr=c,
+        a_scale_ptr=t((1,), "float32"),
+        b_scale_ptr=t((e,), "float32"),
+        topk_weights_ptr=t((m, topk), "float32"),
+        sorted_token_ids_ptr=t((em,), "int32"),
+        expert_ids_ptr=t((em // config["BLOCK_SIZE_M"],), "int32"),
+        num_tokens_post_padded_ptr=t((1,), "int32"),
+        add_mask_ptr=None,
+        N=2 * n,
+        K=k,
+        EM=em,
+        num_valid_tokens=m * topk,
+        stride_am=a.stride(0),
+        stride_ak=a.stride(1),
+        stride_be=b.stride(0),
+        stride_bk=b.stride(2),
+        stride_bn=b.stride(1),
+        stride_bias_e=0,
+        stride_bias_n=0,
+        stride_cm=c.stride(-2),
+        stride_cn=c.stride(-1),
+        stride_asm=0,
+        stride_ask=0,
+        stride_bse=0,
+        stride_bsk=0,
+        stride_bsn=0,
+        group_n=0,
+        group_k=0,
+        MUL_ROUTED_WEIGHT=False,
+        top_k=topk,
+        compute_type=tl.bfloat16,
+        use_fp8_w8a8=True,
+        use_int8_w8a8=False,
+        use_int8_w8a16=False,
+        per_channel_quant=False,
+        even_Ks=k % config["BLOCK_SIZE_K"] == 0,
+        c_sorted=False,
+        filter_expert=True,
+        swap_ab=mod.should_enable_swap_ab(config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"]),
+        FUSE_ADD_TO_OUTPUT=False,
+        MASK_OUTPUT=False,
+        FUSE_SUM_ALL_REDUCE=False,
+        LORA_PRESERVE_BASE=False,
+        ROUTER_TOPK=1,
+        FUSE_SWIGLU=False,
+        **config,
+    )
     options = {}
     names = {p.name for p in mod.fused_moe_kernel.params}
     if "USE_GDC" in names:  # 0.5.23 launches with PDL where is_arch_support_pdl() (major >= 9)

@@ -19,8 +19,14 @@ def test_python_target(cli, tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())  # fmt: skip
+    site = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     install(site, "0.5.10")
     code, doc = cli.json("status", "--python", python, *AUTOTUNE)
     assert code == 1 and doc["results"][0]["outcome"] == "would-apply"
@@ -48,7 +54,9 @@ def editable_install(site: Path, checkout: Path, version: str) -> None:
     rows = [r for r in (dist_info / "RECORD").read_text().splitlines() if r.startswith(dist_info.name)]
     (site / f"__editable__.sglang-{version}.pth").write_text(str(checkout / "python") + "\n")
     (dist_info / "RECORD").write_text("\n".join([*rows, f"__editable__.sglang-{version}.pth,,"]) + "\n")
-    (dist_info / "direct_url.json").write_text(json.dumps({"url": (checkout / "python").as_uri(), "dir_info": {"editable": True}}))
+    (dist_info / "direct_url.json").write_text(
+        json.dumps({"url": (checkout / "python").as_uri(), "dir_info": {"editable": True}})
+    )
 
 
 def test_editable_install(cli, site, tmp_path):

@@ -11,7 +11,16 @@ import subprocess
 import sys
 
 import pytest
-from conftest import WINDOW, flashinfer_pin, install, patch_dir, raise_version, replace_installed, tree_snapshot, wheel_bytes
+from conftest import (
+    WINDOW,
+    flashinfer_pin,
+    install,
+    patch_dir,
+    raise_version,
+    replace_installed,
+    tree_snapshot,
+    wheel_bytes,
+)
 from standin import free_port
 
 from sm120kit.patching.registry import load_patches
@@ -28,7 +37,10 @@ EXPECTED = {
     (SMEM, PREFILL): ("would-apply", True),
     (SMEM, "sglang/kernels/ops/attention/extend_attention.py"): ("fixed-upstream", False),
     (SMEM, "sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py"): ("fixed-upstream", False),
-    ("sglang-moe-autotune-flashinfer-cutlass", "sglang/srt/model_executor/runner/flashinfer_autotune.py"): ("fixed-upstream", False),
+    ("sglang-moe-autotune-flashinfer-cutlass", "sglang/srt/model_executor/runner/flashinfer_autotune.py"): (
+        "fixed-upstream",
+        False,
+    ),
     ("flashinfer-sm120-arch-suffix", "flashinfer/compilation_context.py"): ("fixed-upstream", False),
     ("flashinfer-sm120-gemm-gdc", "flashinfer/jit/gemm/core.py"): ("fixed-upstream", False),
     ("flashinfer-sm120-fused-moe-gdc", "flashinfer/jit/fused_moe.py"): ("fixed-upstream", False),
@@ -71,7 +83,10 @@ def test_status_triages_a_release_past_the_window(future, cli):
     assert {k: (r["outcome"], not r["proven"]) for k, r in found.items()} == EXPECTED
     assert found[(DSA, FORWARD_MHA)]["unproven"] == UNPROVEN
     assert found[(DSA, FORWARD_MHA)]["proven_window"] == "0.5.9–0.5.23"
-    assert "fixed upstream in 0.6.7 (by version; proven 0.6.3–0.7.2)" in found[("flashinfer-sm120-arch-suffix", "flashinfer/compilation_context.py")]["detail"]
+    assert (
+        "fixed upstream in 0.6.7 (by version; proven 0.6.3–0.7.2)"
+        in found[("flashinfer-sm120-arch-suffix", "flashinfer/compilation_context.py")]["detail"]
+    )
     assert {(r["patch"], r["path"]) for r in doc["unproven"]} == {(DSA, FORWARD_MHA), (SMEM, PREFILL)}
     code, out, _ = cli("status", "--site", future)
     assert code == 1
@@ -83,13 +98,19 @@ def test_patch_verify_past_the_window_applies_by_shape_and_says_unproven(future,
     assert code == 0, out + err
     assert "6 fixed-upstream, 2 applied" in out
     assert f"{UNPROVEN}: {DSA}, {SMEM} (run by the shape of the code)" in out
-    assert "verified: every patch is in place, fixed upstream or not applicable, and matches the ledger; unproven on this release" in out
+    assert (
+        "verified: every patch is in place, fixed upstream or not applicable, and matches the ledger; unproven on this release"
+        in out
+    )
     for path in (FORWARD_MHA, PREFILL):
         assert (future / path).read_bytes() != wheel_bytes("0.5.23", path)
 
     code, doc = cli.json("status", "--site", future)
     assert code == 0
-    assert {k: r["outcome"] for k, r in rows(doc).items() if not r["proven"]} == {(DSA, FORWARD_MHA): "already-applied", (SMEM, PREFILL): "already-applied"}
+    assert {k: r["outcome"] for k, r in rows(doc).items() if not r["proven"]} == {
+        (DSA, FORWARD_MHA): "already-applied",
+        (SMEM, PREFILL): "already-applied",
+    }
 
     code, doc = cli.json("unpatch", "--site", future)
     assert code == 0 and {r["outcome"] for r in doc["results"]} == {"restored"}
@@ -105,15 +126,24 @@ def test_a_moved_anchor_past_the_window_is_an_error_and_writes_nothing(future, c
     assert code == 2
     assert tree_snapshot(future) == before  # the other open patch, which would apply, is not written either
     row = next(line for line in out.splitlines() if line.startswith(patch_id) and path in line)
-    assert "anchor-missing" in row and f"{UNPROVEN}: no " in row and "the bug may or may not be fixed in this release" in row
-    assert f"next: {patch_id}: pin the last proven release (pip install 'sglang==0.5.23'), or check upstream's change to {path}" in out
+    assert (
+        "anchor-missing" in row
+        and f"{UNPROVEN}: no " in row
+        and "the bug may or may not be fixed in this release" in row
+    )
+    assert (
+        f"next: {patch_id}: pin the last proven release (pip install 'sglang==0.5.23'), or check upstream's change to {path}"
+        in out
+    )
     assert f"to go on without this patch: --allow-missing {patch_id}" in out
     assert "verified" not in out and "nothing was written" in out
 
     code, doc = cli.json("patch", "--check", "--site", future)
     assert code == 2 and tree_snapshot(future) == before
     row = rows(doc)[(patch_id, path)]
-    assert row["outcome"] == "anchor-missing" and row["error"] and not row["proven"] and "--allow-missing" in row["hint"]
+    assert (
+        row["outcome"] == "anchor-missing" and row["error"] and not row["proven"] and "--allow-missing" in row["hint"]
+    )
 
 
 def test_allow_missing_goes_on_and_is_recorded_for_that_release(future, cli):
@@ -126,7 +156,12 @@ def test_allow_missing_goes_on_and_is_recorded_for_that_release(future, cli):
     # Recorded: later runs without the flag accept it on this release, and say since when.
     code, doc = cli.json("status", "--site", future)
     dsa = rows(doc)[(DSA, FORWARD_MHA)]
-    assert code == 0 and dsa["allowed"] and not dsa["error"] and "allowed: `sm120kit patch --allow-missing` on 20" in dsa["detail"]
+    assert (
+        code == 0
+        and dsa["allowed"]
+        and not dsa["error"]
+        and "allowed: `sm120kit patch --allow-missing` on 20" in dsa["detail"]
+    )
 
     # Another release asks again.
     raise_version(future, "sglang", "0.5.25")
@@ -145,14 +180,31 @@ def test_allow_missing_an_unknown_id_is_refused(future, cli, command):
 def env_python(root, site):
     """The serving environment's python: this interpreter with `site` on its path."""
     shim = root / "python"
-    shim.write_text(f"#!{sys.executable}\nimport os, sys\nos.environ['PYTHONPATH'] = {str(site)!r}\nos.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])\n")
+    shim.write_text(
+        f"#!{sys.executable}\nimport os, sys\nos.environ['PYTHONPATH'] = {str(site)!r}\nos.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])\n"
+    )
     shim.chmod(0o755)
     return shim
 
 
 def serve_check(python, state, *extra) -> tuple[int, str]:
-    argv = [sys.executable, "-m", "sm120kit", "serve", "glm5-nvfp4", "--python", str(python), "--check", "--no-gpu-check", "--set", f"server.port={free_port()}", *extra]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**os.environ, "SM120KIT_STATE_DIR": str(state)})
+    argv = [
+        sys.executable,
+        "-m",
+        "sm120kit",
+        "serve",
+        "glm5-nvfp4",
+        "--python",
+        str(python),
+        "--check",
+        "--no-gpu-check",
+        "--set",
+        f"server.port={free_port()}",
+        *extra,
+    ]
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=120, env={**os.environ, "SM120KIT_STATE_DIR": str(state)}
+    )
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -164,7 +216,9 @@ def test_serve_preflight_refuses_a_moved_anchor_with_the_same_words(future, tmp_
     assert f"FAIL patches: not in place: {DSA}: anchor-missing ({UNPROVEN}: no method" in out
     assert "the bug may or may not be fixed in this release" in out
     assert "pin the last proven release (pip install 'sglang==0.5.23')" in out and f"--allow-missing {DSA}" in out
-    assert "profile glm5-nvfp4 is proven on sglang >=0.5.9,<0.5.24; installed 0.5.24 is not in that range" in out  # kept
+    assert (
+        "profile glm5-nvfp4 is proven on sglang >=0.5.9,<0.5.24; installed 0.5.24 is not in that range" in out
+    )  # kept
 
     code, out = serve_check(python, tmp_path / "state", "--allow-missing", "no-such-patch")
     assert code == 2 and "--allow-missing: unknown patch id 'no-such-patch'" in out
@@ -210,4 +264,7 @@ def test_unpatch_only_one_of_two_patches_past_the_window_keeps_the_other(future,
     code, doc = cli.json("unpatch", *args, "--only", DSA)
     assert code == 0 and doc["results"][0]["detail"] == "re-applied on the original: test-tail-marker"
     code, doc = cli.json("status", *args, "--only", DSA, "--only", "test-tail-marker")
-    assert {r["patch"]: r["outcome"] for r in doc["results"]} == {DSA: "would-apply", "test-tail-marker": "already-applied"}
+    assert {r["patch"]: r["outcome"] for r in doc["results"]} == {
+        DSA: "would-apply",
+        "test-tail-marker": "already-applied",
+    }

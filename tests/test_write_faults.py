@@ -53,7 +53,10 @@ def test_a_persistent_io_error_while_rolling_back(site, cli, monkeypatch):
     first, second = targets[0], targets[1]
     assert code == 2, out + err
     assert f"writing {second} failed ([Errno 5] Input/output error)" in err
-    assert f"{first}: maybe written ([Errno 5] Input/output error): the next `sm120kit patch` or `unpatch` rolls it back" in err
+    assert (
+        f"{first}: maybe written ([Errno 5] Input/output error): the next `sm120kit patch` or `unpatch` rolls it back"
+        in err
+    )
     assert f"{second}: unchanged" in err and "an interrupted run is recorded in the state directory" in err
     assert "Traceback" not in out + err
     assert (site / ".sm120kit" / "journal.json").exists()
@@ -63,7 +66,7 @@ def test_a_persistent_io_error_while_rolling_back(site, cli, monkeypatch):
     assert code == 2 and "an interrupted sm120kit run left" in err  # no false green meanwhile
     code, out, err = cli("patch", "--verify", "--site", site)
     assert code == 0 and "rolled back an interrupted sm120kit run" in err and "verified" in out, out + err
-    code, doc = cli.json("unpatch", "--site", site)
+    code, _doc = cli.json("unpatch", "--site", site)
     assert code == 0 and target_files(site) == vendor(site) and no_leftovers(site)
 
 
@@ -94,7 +97,11 @@ def test_read_only_environment_unpatched(site, tmp_path, cli):
         assert cli("status", "--site", ro)[0] == 1  # read-only commands keep working
         assert cli("patch", "--check", "--site", ro)[0] == 1
         code, out, err = cli("patch", "--verify", "--site", ro)
-        assert code == 2 and "is not writable (Read-only file system): this environment is read-only for this user; nothing was changed" in err
+        assert (
+            code == 2
+            and "is not writable (Read-only file system): this environment is read-only for this user; nothing was changed"
+            in err
+        )
         assert "patch where the environment is built" in err and "Traceback" not in out + err
         code, out, _ = cli("unpatch", "--site", ro)
         assert code == 0 and "nothing to restore" in out
@@ -131,7 +138,10 @@ def test_a_full_disk_changes_nothing_or_everything(tmp_path, cli, free_kib):
         else:
             assert code == 2, out + err
             assert "nothing was changed" in err
-            assert f"not enough space on {disk} (the filesystem holding" in err or f"the disk holding it, {disk}, is full" in err
+            assert (
+                f"not enough space on {disk} (the filesystem holding" in err
+                or f"the disk holding it, {disk}, is full" in err
+            )
             assert str(disk) in err
             assert {k: v for k, v in tree_snapshot(site).items() if not k.startswith(".sm120kit")} == before
         assert no_leftovers(site)
@@ -170,13 +180,21 @@ def test_a_user_who_does_not_own_the_environment(tmp_path_factory):
             pytest.skip("this interpreter cannot run as another user here")
 
         def run(*argv):
-            proc = subprocess.run([*nobody, "-m", "sm120kit", *argv, "--site", str(site)], env=env, cwd=root, capture_output=True, text=True)
+            proc = subprocess.run(
+                [*nobody, "-m", "sm120kit", *argv, "--site", str(site)],
+                env=env,
+                cwd=root,
+                capture_output=True,
+                text=True,
+            )
             return proc.returncode, proc.stdout + proc.stderr
 
         before = tree_snapshot(site)
         assert run("status")[0] == 1
         code, out = run("patch", "--verify")
-        assert code == 2 and f"{site / '.sm120kit'} is not writable (Permission denied)" in out and "Traceback" not in out
+        assert (
+            code == 2 and f"{site / '.sm120kit'} is not writable (Permission denied)" in out and "Traceback" not in out
+        )
         assert tree_snapshot(site) == before
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -197,8 +215,13 @@ def test_a_file_written_but_reported_failed_is_rolled_back_too(site, cli, monkey
                 raise OSError(errno.EIO, "Input/output error", str(path))
 
     monkeypatch.setattr(transaction, "write_atomic", written_then_failed)
-    code, out, err = cli("patch", "--site", site)
-    assert code == 2 and f"{targets[1]}: rolled back" in err and f"{targets[0]}: rolled back" in err and "nothing was changed" in err
+    code, _out, err = cli("patch", "--site", site)
+    assert (
+        code == 2
+        and f"{targets[1]}: rolled back" in err
+        and f"{targets[0]}: rolled back" in err
+        and "nothing was changed" in err
+    )
     assert target_files(site) == vendor(site) and no_leftovers(site)
 
 
@@ -215,7 +238,9 @@ def test_when_the_second_sites_ledger_fails_the_first_sites_is_rolled_back(tmp_p
     install(a, "0.5.9", flashinfer=False)
     from conftest import fetch_wheels
 
-    fetch_wheels.install(b, "flashinfer-python", "0.6.3", ["flashinfer/*.py", "flashinfer/jit/*.py", "flashinfer/jit/gemm/*.py"])
+    fetch_wheels.install(
+        b, "flashinfer-python", "0.6.3", ["flashinfer/*.py", "flashinfer/jit/*.py", "flashinfer/jit/gemm/*.py"]
+    )
     before = {**tree_snapshot(a), **{f"b/{k}": v for k, v in tree_snapshot(b).items()}}
     real = transaction.write_atomic
 
@@ -227,7 +252,10 @@ def test_when_the_second_sites_ledger_fails_the_first_sites_is_rolled_back(tmp_p
     monkeypatch.setattr(transaction, "write_atomic", failing)
     with pytest.raises(UserError) as raised:
         engine.apply(Target("two sites", [a, b]), load_patches())
-    assert f"writing {b / '.sm120kit' / 'ledger.json'} failed" in raised.value.message and "nothing was changed" in raised.value.message
+    assert (
+        f"writing {b / '.sm120kit' / 'ledger.json'} failed" in raised.value.message
+        and "nothing was changed" in raised.value.message
+    )
     after = {**tree_snapshot(a), **{f"b/{k}": v for k, v in tree_snapshot(b).items()}}
     strip = lambda snap: {k: v for k, v in snap.items() if ".sm120kit" not in k}  # noqa: E731
     assert strip(after) == strip(before)

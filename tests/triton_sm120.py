@@ -35,8 +35,13 @@ SM120_SMEM_OPTIN = 101376  # cudaDevAttrMaxSharedMemoryPerBlockOptin, RTX PRO 60
 SMEM_OPTIN = {(8, 0): 166912, (9, 0): 232448, (10, 0): 232448, (12, 0): SM120_SMEM_OPTIN}
 # The config selectors the loader keeps, with the plain module functions they call; names
 # a file lacks are ignored.
-HELPERS = ("_get_block_sizes_for_extend_attention", "_get_num_stages_for_extend_attention",
-           "context_attention_fwd", "get_default_config", "should_enable_swap_ab")  # fmt: skip
+HELPERS = (
+    "_get_block_sizes_for_extend_attention",
+    "_get_num_stages_for_extend_attention",
+    "context_attention_fwd",
+    "get_default_config",
+    "should_enable_swap_ab",
+)
 
 
 @dataclass(frozen=True)
@@ -48,8 +53,17 @@ class Dtype:  # torch.dtype stand-in: Triton reads str(dtype); sglang compares d
         return f"torch.{self.name}"
 
 
-DTYPES = {d.name: d for d in (Dtype("float32", 4), Dtype("float16", 2), Dtype("bfloat16", 2),
-                              Dtype("float8_e4m3fn", 1), Dtype("int32", 4), Dtype("int64", 8))}  # fmt: skip
+DTYPES = {
+    d.name: d
+    for d in (
+        Dtype("float32", 4),
+        Dtype("float16", 2),
+        Dtype("bfloat16", 2),
+        Dtype("float8_e4m3fn", 1),
+        Dtype("int32", 4),
+        Dtype("int64", 8),
+    )
+}
 
 
 class FakeTensor:
@@ -78,19 +92,34 @@ def set_gpu(module: ModuleType, capability: tuple[int, int] = (12, 0)) -> Module
     selectors call) as they are on a CUDA GPU of this capability."""
     major, minor = capability
     props = SimpleNamespace(major=major, minor=minor, shared_memory_per_block_optin=SMEM_OPTIN.get(capability, 101376))
-    cuda = SimpleNamespace(is_available=lambda: True, current_device=lambda: 0,
-                           get_device_capability=lambda device=None: capability,
-                           get_device_properties=lambda device=None: props)  # fmt: skip
+    cuda = SimpleNamespace(
+        is_available=lambda: True,
+        current_device=lambda: 0,
+        get_device_capability=lambda device=None: capability,
+        get_device_properties=lambda device=None: props,
+    )
     off = SimpleNamespace(enable_deterministic_inference=False)
     vars(module).update(
-        _is_cuda=True, _is_hip=False, _is_npu=False, _is_cpu=False, _is_gfx95=False, _is_gfx1250=False,
-        _use_aiter=False, CUDA_CAPABILITY=capability, torch=SimpleNamespace(cuda=cuda, Tensor=FakeTensor, **DTYPES),
-        is_cuda=lambda: True, is_hip=lambda: False, get_device_capability=lambda *a, **k: capability,
-        is_sm90_supported=lambda *a: major == 9, is_sm100_supported=lambda *a: major == 10,
-        is_sm120_supported=lambda *a: major == 12, is_batch_invariant_mode_enabled=lambda: False,
-        get_global_server_args=lambda: off, get_exec=lambda: SimpleNamespace(deterministic=off),
+        _is_cuda=True,
+        _is_hip=False,
+        _is_npu=False,
+        _is_cpu=False,
+        _is_gfx95=False,
+        _is_gfx1250=False,
+        _use_aiter=False,
+        CUDA_CAPABILITY=capability,
+        torch=SimpleNamespace(cuda=cuda, Tensor=FakeTensor, **DTYPES),
+        is_cuda=lambda: True,
+        is_hip=lambda: False,
+        get_device_capability=lambda *a, **k: capability,
+        is_sm90_supported=lambda *a: major == 9,
+        is_sm100_supported=lambda *a: major == 10,
+        is_sm120_supported=lambda *a: major == 12,
+        is_batch_invariant_mode_enabled=lambda: False,
+        get_global_server_args=lambda: off,
+        get_exec=lambda: SimpleNamespace(deterministic=off),
         logger=logging.getLogger(module.__name__),
-    )  # fmt: skip
+    )
     return module
 
 
@@ -124,7 +153,7 @@ def load_kernels(source: bytes, tmpdir: Path, helpers=HELPERS) -> ModuleType:
         if isinstance(node, ast.FunctionDef) and (node.name in wanted or any(map(_is_jit, node.decorator_list))):
             blank.update(n for d in node.decorator_list if not _is_jit(d) for n in range(d.lineno, d.end_lineno + 1))
             continue
-        if isinstance(node, ast.Import) or isinstance(node, ast.ImportFrom) and not node.level:
+        if isinstance(node, ast.Import) or (isinstance(node, ast.ImportFrom) and not node.level):
             roots = {(node.module if isinstance(node, ast.ImportFrom) else a.name).split(".")[0] for a in node.names}
             if roots <= set(sys.stdlib_module_names) | {"triton", "__future__"}:
                 continue
@@ -188,7 +217,7 @@ def compile_for(kernel, args: dict, num_warps: int, num_stages: int, arch: int =
     for p in kernel.params:
         if p.name not in args and not p.has_default:
             raise TypeError(f"{kernel.__name__}: missing argument {p.name}")
-        val = args[p.name] if p.name in args else p.default
+        val = args.get(p.name, p.default)
         if p.is_constexpr:
             signature[p.name], constexprs[p.name] = "constexpr", val
             continue

@@ -17,7 +17,15 @@ fused_moe_120 JIT cache directory must be removed for the flag to take effect.
 
 from __future__ import annotations
 
-from sm120kit.patching.cst_tools import append_element, builds_only_for_major, carries, cst, find_functions, has_string, marker_line
+from sm120kit.patching.cst_tools import (
+    append_element,
+    builds_only_for_major,
+    carries,
+    cst,
+    find_functions,
+    has_string,
+    marker_line,
+)
 from sm120kit.patching.spec import (
     AlreadyApplied,
     AnchorMissing,

@@ -21,7 +21,16 @@ effect (the engine's job).
 
 from __future__ import annotations
 
-from sm120kit.patching.cst_tools import append_element, builds_only_for_major, callee_name, carries, cst, find_functions, has_string, marker_line
+from sm120kit.patching.cst_tools import (
+    append_element,
+    builds_only_for_major,
+    callee_name,
+    carries,
+    cst,
+    find_functions,
+    has_string,
+    marker_line,
+)
 from sm120kit.patching.spec import (
     AlreadyApplied,
     AnchorMissing,
@@ -50,7 +59,9 @@ def _state(function: cst.FunctionDef, ctx) -> str:
 def _with_flag(function: cst.FunctionDef, module_name: str, ctx) -> cst.FunctionDef | None:
     """`return gen_jit_spec("<module>", ..., extra_cuda_cflags=X, ...)`: FLAG joins X's list, or X + [FLAG]."""
     for stmt in function.body.body:
-        if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Return)):
+        if not (
+            isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Return)
+        ):
             continue
         call = stmt.body[0].value
         if not (isinstance(call, cst.Call) and callee_name(call) == "gen_jit_spec" and call.args):
@@ -64,14 +75,22 @@ def _with_flag(function: cst.FunctionDef, module_name: str, ctx) -> cst.Function
         arg = flags[0]
         flag = cst.SimpleString(f'"{FLAG}"')
         value = arg.value
-        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add) and isinstance(value.right, cst.List) and value.right.elements:
+        if (
+            isinstance(value, cst.BinaryOperation)
+            and isinstance(value.operator, cst.Add)
+            and isinstance(value.right, cst.List)
+            and value.right.elements
+        ):
             added = value.with_changes(right=append_element(value.right, flag))  # `nvcc_flags + [..., FLAG]`
         else:
             added = cst.BinaryOperation(left=value, operator=cst.Add(), right=cst.List([cst.Element(flag)]))
         new_call = call.with_changes(args=[a if a is not arg else arg.with_changes(value=added) for a in call.args])
         new_stmt = stmt.with_changes(
             body=[stmt.body[0].with_changes(value=new_call)],
-            leading_lines=[*stmt.leading_lines, marker_line(f"{ctx.marker}: PDL barriers on (upstream 0.6.7, PR #2780)")],
+            leading_lines=[
+                *stmt.leading_lines,
+                marker_line(f"{ctx.marker}: PDL barriers on (upstream 0.6.7, PR #2780)"),
+            ],
         )
         return function.deep_replace(stmt, new_stmt)
     return None

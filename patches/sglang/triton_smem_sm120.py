@@ -121,10 +121,22 @@ PATCH = Patch(
     refs=("sgl-project/sglang#14311", "sgl-project/sglang#8513", "sgl-project/sglang#28019"),
     rewrites=(
         Rewrite(f"{_TRITON_OPS}/extend_attention.py", ">=0.5.9,<0.5.16", verify_extend_sm120_branch, fixed_in="0.5.9"),
-        Rewrite(f"{_KERNEL_OPS}/extend_attention.py", ">=0.5.16,<=0.5.23", verify_extend_sm120_branch, fixed_in="0.5.9"),
+        Rewrite(
+            f"{_KERNEL_OPS}/extend_attention.py", ">=0.5.16,<=0.5.23", verify_extend_sm120_branch, fixed_in="0.5.9"
+        ),
         Rewrite(f"{_TRITON_OPS}/prefill_attention.py", ">=0.5.9,<0.5.16", limit_context_attention_block),
         Rewrite(f"{_KERNEL_OPS}/prefill_attention.py", ">=0.5.16,<=0.5.23", limit_context_attention_block),
-        Rewrite(f"sglang/srt/layers/moe/fused_moe_triton/{_MOE_CONFIG}", ">=0.5.9,<0.5.11", limit_fp8_moe_default, fixed_in="0.5.14"),
-        Rewrite(f"sglang/srt/layers/moe/moe_runner/triton_utils/{_MOE_CONFIG}", ">=0.5.11,<=0.5.23", limit_fp8_moe_default, fixed_in="0.5.14"),
+        Rewrite(
+            f"sglang/srt/layers/moe/fused_moe_triton/{_MOE_CONFIG}",
+            ">=0.5.9,<0.5.11",
+            limit_fp8_moe_default,
+            fixed_in="0.5.14",
+        ),
+        Rewrite(
+            f"sglang/srt/layers/moe/moe_runner/triton_utils/{_MOE_CONFIG}",
+            ">=0.5.11,<=0.5.23",
+            limit_fp8_moe_default,
+            fixed_in="0.5.14",
+        ),
     ),
 )

@@ -4,6 +4,7 @@ and the comparison of two sweeps. Pure: numbers in, words and rows out."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ class BadLevels(ValueError):
 
 
 def parse_levels(text: str) -> list[int]:
-    """"64,128,256" -> [64, 128, 256]: positive whole numbers, each once, ascending."""
+    """ "64,128,256" -> [64, 128, 256]: positive whole numbers, each once, ascending."""
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
         raise BadLevels("the concurrency list is empty")
@@ -61,7 +62,14 @@ class Level:
         return self.figures.get("total_throughput") if self.figures else None
 
     def as_json(self) -> dict:
-        return {"concurrency": self.concurrency, "prompts": self.prompts, "completed": self.completed, "failed": self.failed, "error": self.error, "figures": self.figures}
+        return {
+            "concurrency": self.concurrency,
+            "prompts": self.prompts,
+            "completed": self.completed,
+            "failed": self.failed,
+            "error": self.error,
+            "figures": self.figures,
+        }
 
 
 def per_doubling(c1: int, t1: float, c2: int, t2: float) -> float:
@@ -84,15 +92,24 @@ def verdict(levels: list[Level], threshold: float = DEFAULT_THRESHOLD, max_runni
     if max_running:
         over = [lv.concurrency for lv in levels if lv.concurrency > max_running]
         if over:
-            notes.append(f"levels {', '.join(map(str, over))} exceed the server's max running requests ({max_running}): the excess only queues")
+            notes.append(
+                f"levels {', '.join(map(str, over))} exceed the server's max running requests ({max_running}): the excess only queues"
+            )
     for lv in levels:
         if lv.failed:
-            notes.append(f"concurrency {lv.concurrency}: {lv.failed} of {lv.prompts} requests failed" + (f" ({lv.error})" if lv.error else ""))
+            notes.append(
+                f"concurrency {lv.concurrency}: {lv.failed} of {lv.prompts} requests failed"
+                + (f" ({lv.error})" if lv.error else "")
+            )
     if len(ok) < 2:
-        return Verdict(None, ok[0] if ok else None, ["too few levels with figures to judge the scaling (two or more needed)", *notes])
+        return Verdict(
+            None,
+            ok[0] if ok else None,
+            ["too few levels with figures to judge the scaling (two or more needed)", *notes],
+        )
     lines = []
     best = max(ok, key=lambda lv: lv.total)
-    steps = [(a, b, per_doubling(a.concurrency, a.total, b.concurrency, b.total)) for a, b in zip(ok, ok[1:])]
+    steps = [(a, b, per_doubling(a.concurrency, a.total, b.concurrency, b.total)) for a, b in itertools.pairwise(ok)]
     flat_from = None
     for i in range(len(steps)):
         if all(gain < threshold for _, _, gain in steps[i:]):
@@ -107,7 +124,9 @@ def verdict(levels: list[Level], threshold: float = DEFAULT_THRESHOLD, max_runni
         )
     else:
         a, b, gain = steps[-1]
-        lines.append(f"{b.concurrency} vs {a.concurrency}: {gain:+.1%} — still scaling at {b.total:,.0f} tok/s; a higher concurrency may give more")
+        lines.append(
+            f"{b.concurrency} vs {a.concurrency}: {gain:+.1%} — still scaling at {b.total:,.0f} tok/s; a higher concurrency may give more"
+        )
     lines.append(f"per doubling: {gains}")
     return Verdict(flat_from.concurrency if flat_from else None, best, lines + notes)
 
@@ -121,14 +140,25 @@ def table_rows(levels: list[Level]) -> tuple[list[str], list[list[str]]]:
     rows = []
     for lv in levels:
         f = lv.figures or {}
-        rows.append([str(lv.concurrency), *(fmt(f.get(key), pattern) for _, key, pattern in COLUMNS), str(lv.completed), str(lv.failed)])
+        rows.append(
+            [
+                str(lv.concurrency),
+                *(fmt(f.get(key), pattern) for _, key, pattern in COLUMNS),
+                str(lv.completed),
+                str(lv.failed),
+            ]
+        )
     return headers, rows
 
 
 def compare_rows(before: list[Level], after: list[Level]) -> tuple[list[str], list[list[str]]]:
     """Per concurrency in either run: total and output tok/s, TTFT and ITL p50, with ratios."""
-    keys = (("total tok/s", "total_throughput", "{:,.1f}"), ("output tok/s", "output_throughput", "{:,.1f}"),
-            ("TTFT p50 ms", "median_ttft_ms", "{:,.0f}"), ("ITL p50 ms", "median_itl_ms", "{:.1f}"))  # fmt: skip
+    keys = (
+        ("total tok/s", "total_throughput", "{:,.1f}"),
+        ("output tok/s", "output_throughput", "{:,.1f}"),
+        ("TTFT p50 ms", "median_ttft_ms", "{:,.0f}"),
+        ("ITL p50 ms", "median_itl_ms", "{:.1f}"),
+    )
     a = {lv.concurrency: lv.figures or {} for lv in before}
     b = {lv.concurrency: lv.figures or {} for lv in after}
     headers = ["concurrency"]

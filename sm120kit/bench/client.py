@@ -45,16 +45,36 @@ class Sweep:
     api_key: str | None = None  # given to the client as OPENAI_API_KEY (what it reads), never in argv
 
     def prompts(self, concurrency: int) -> int:
-        return max(self.min_prompts, int(round(concurrency * self.prompts_per_level)))
+        return max(self.min_prompts, round(concurrency * self.prompts_per_level))
 
     def argv(self, concurrency: int, output_file: Path) -> list[str]:
         argv = [
-            self.python, "-m", self.module, "--backend", "sglang", "--base-url", self.url,
-            "--dataset-name", "random-ids", "--random-input-len", str(self.input_len),
-            "--random-output-len", str(self.output_len), "--random-range-ratio", f"{self.range_ratio:g}",
-            "--num-prompts", str(self.prompts(concurrency)), "--max-concurrency", str(concurrency),
-            "--request-rate", "inf", "--seed", str(self.seed), "--output-file", str(output_file),
-        ]  # fmt: skip
+            self.python,
+            "-m",
+            self.module,
+            "--backend",
+            "sglang",
+            "--base-url",
+            self.url,
+            "--dataset-name",
+            "random-ids",
+            "--random-input-len",
+            str(self.input_len),
+            "--random-output-len",
+            str(self.output_len),
+            "--random-range-ratio",
+            f"{self.range_ratio:g}",
+            "--num-prompts",
+            str(self.prompts(concurrency)),
+            "--max-concurrency",
+            str(concurrency),
+            "--request-rate",
+            "inf",
+            "--seed",
+            str(self.seed),
+            "--output-file",
+            str(output_file),
+        ]
         if self.model:
             argv += ["--model", self.model]
         if self.tokenizer:
@@ -80,10 +100,16 @@ def api_key(env_name: str | None) -> str | None:
 
     names = [env_name] if env_name else ["OPENAI_API_KEY", "API_KEY"]
     if env_name and not os.environ.get(env_name):
-        raise UserError(f"the profile's server.api_key_env is {env_name}, but ${env_name} is empty or not set", f"export {env_name}=<the key>")
+        raise UserError(
+            f"the profile's server.api_key_env is {env_name}, but ${env_name} is empty or not set",
+            f"export {env_name}=<the key>",
+        )
     name = next((n for n in names if os.environ.get(n)), None)
     if name and (bad := bad_key_char(os.environ[name])):  # it would break the header, and the error would quote it
-        raise UserError(f"${name} {bad}: a key is one word of printable ASCII", f"set it to the key alone, e.g. export {name}=\"$(tr -d ' \\t\\r\\n' < KEYFILE)\"")
+        raise UserError(
+            f"${name} {bad}: a key is one word of printable ASCII",
+            f"set it to the key alone, e.g. export {name}=\"$(tr -d ' \\t\\r\\n' < KEYFILE)\"",
+        )
     return os.environ[name] if name else None
 
 
@@ -102,9 +128,14 @@ def check_reachable(url: str, key: str | None = None, timeout: float = 5.0) -> N
     finally:
         conn.close()
     if status in (401, 403):
-        raise UserError(f"the server at {url} refuses the API key ({status})", "export the key the server was started with (the profile's server.api_key_env, or OPENAI_API_KEY)")
+        raise UserError(
+            f"the server at {url} refuses the API key ({status})",
+            "export the key the server was started with (the profile's server.api_key_env, or OPENAI_API_KEY)",
+        )
     if status >= 500:
-        raise UserError(f"the server at {url} answers /v1/models with {status}: not ready", "wait until `sm120kit ps` says ready")
+        raise UserError(
+            f"the server at {url} answers /v1/models with {status}: not ready", "wait until `sm120kit ps` says ready"
+        )
 
 
 def run_level(sweep: Sweep, concurrency: int, directory: Path) -> Level:
@@ -115,7 +146,9 @@ def run_level(sweep: Sweep, concurrency: int, directory: Path) -> Level:
     prompts = sweep.prompts(concurrency)
     env = {**os.environ, **({"OPENAI_API_KEY": sweep.api_key} if sweep.api_key else {})}
     with open(log, "wb") as fh:
-        proc = subprocess.run(sweep.argv(concurrency, out), stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        proc = subprocess.run(
+            sweep.argv(concurrency, out), stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
     lines = out.read_text().splitlines() if out.exists() else []
     figures = None
     for line in reversed(lines):  # the client appends: the last line is this run's
@@ -126,5 +159,10 @@ def run_level(sweep: Sweep, concurrency: int, directory: Path) -> Level:
             continue
     if figures is None:
         tail = [t for t in log.read_text(errors="replace").splitlines() if t.strip()][-1:] if log.exists() else []
-        return Level(concurrency, prompts, None, f"the client wrote no result (exit code {proc.returncode}){': ' + tail[0] if tail else ''}; see {log.name}")
+        return Level(
+            concurrency,
+            prompts,
+            None,
+            f"the client wrote no result (exit code {proc.returncode}){': ' + tail[0] if tail else ''}; see {log.name}",
+        )
     return Level(concurrency, prompts, figures)

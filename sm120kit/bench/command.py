@@ -17,7 +17,10 @@ from sm120kit.errors import UserError
 
 
 def _versions(target) -> dict[str, str | None]:
-    return {name: (d.version if (d := target.find(name)) else None) for name in ("sglang", "flashinfer-python", "torch", "triton")}
+    return {
+        name: (d.version if (d := target.find(name)) else None)
+        for name in ("sglang", "flashinfer-python", "torch", "triton")
+    }
 
 
 def _patch_status(target) -> list[dict]:
@@ -25,7 +28,10 @@ def _patch_status(target) -> list[dict]:
     from sm120kit.patching.registry import load_patches
 
     plan = engine.plan(target, load_patches(None), need_bytes=False)
-    return [{"patch": f.patch.id, "version": f.version, "outcome": f.outcome.value, "proven": not f.unproven} for f in plan.findings]
+    return [
+        {"patch": f.patch.id, "version": f.version, "outcome": f.outcome.value, "proven": not f.unproven}
+        for f in plan.findings
+    ]
 
 
 def _live_line(level: analysis.Level) -> str:
@@ -63,7 +69,9 @@ def served(args, profile):
     events = serve_root() / profile.name / "events.jsonl"
     seen = events.stat().st_size if events.exists() else 0
     argv = [sys.executable, "-m", "sm120kit", "serve", profile.name, "--quiet"]
-    argv += [a for d in args.profile_dir or [] for a in ("--profile-dir", d)] + [a for kv in args.sets or [] for a in ("--set", kv)]
+    argv += [a for d in args.profile_dir or [] for a in ("--profile-dir", d)] + [
+        a for kv in args.sets or [] for a in ("--set", kv)
+    ]
     argv += ["--python", args.python] if args.python else []
     argv += ["--no-gpu-check"] if getattr(args, "no_gpu_check", False) else []
     print(f"starting the server: {' '.join(argv[3:])} (up to {profile.health.startup_timeout_s:g} s)", flush=True)
@@ -78,8 +86,12 @@ def served(args, profile):
                 break
             if proc.poll() is not None or "gave_up" in kinds or time.monotonic() > deadline:
                 code = proc.poll()
-                raise UserError(f"the server for {profile.name} did not get ready" + (f" (sm120kit serve exit code {code})" if code is not None else "") + "; nothing was benchmarked",
-                                f"see the lines above; sm120kit serve {profile.name} --check; the log is in {events.parent}")  # fmt: skip
+                raise UserError(
+                    f"the server for {profile.name} did not get ready"
+                    + (f" (sm120kit serve exit code {code})" if code is not None else "")
+                    + "; nothing was benchmarked",
+                    f"see the lines above; sm120kit serve {profile.name} --check; the log is in {events.parent}",
+                )
             time.sleep(0.2)
         yield
     finally:
@@ -95,9 +107,14 @@ def bench(args, profile, target) -> int:
     try:
         levels = analysis.parse_levels(args.concurrency)
     except analysis.BadLevels as exc:
-        raise UserError(f"--concurrency {args.concurrency!r}: {exc}", "give a comma-separated list, e.g. --concurrency 64,128,256,512") from None
+        raise UserError(
+            f"--concurrency {args.concurrency!r}: {exc}",
+            "give a comma-separated list, e.g. --concurrency 64,128,256,512",
+        ) from None
     if args.serve and profile is None:
-        raise UserError("--serve starts a profile's server; with --url the server is yours", "sm120kit bench PROFILE --serve")
+        raise UserError(
+            "--serve starts a profile's server; with --url the server is yours", "sm120kit bench PROFILE --serve"
+        )
     url = client.parse_url(args.url) if args.url else None
     dist = target.find("sglang")
     if dist is None:
@@ -116,9 +133,16 @@ def bench(args, profile, target) -> int:
         key_env = profile.server.api_key_env
     api_key = client.api_key(key_env)
     sweep = client.Sweep(
-        args.python or sys.executable, client.client_module(dist), url, args.input_len, args.output_len,
-        args.prompts_per_level, tokenizer=args.tokenizer, model=args.model or None, api_key=api_key,
-    )  # fmt: skip
+        args.python or sys.executable,
+        client.client_module(dist),
+        url,
+        args.input_len,
+        args.output_len,
+        args.prompts_per_level,
+        tokenizer=args.tokenizer,
+        model=args.model or None,
+        api_key=api_key,
+    )
     with served(args, profile) if args.serve else contextlib.nullcontext():
         client.check_reachable(url, api_key)
         directory = Path(args.out) if args.out else Path("sm120kit-bench") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -127,21 +151,33 @@ def bench(args, profile, target) -> int:
             "title": f"{name}, input {args.input_len} / output {args.output_len} tokens",
             "profile": profile.model_dump(mode="json", exclude={"name", "source"}) if profile else None,
             "profile_name": profile.name if profile else None,
-            "url": url, "model": model, "client": sweep.module, "threshold": args.threshold,
+            "url": url,
+            "model": model,
+            "client": sweep.module,
+            "threshold": args.threshold,
             "command": sweep.argv(levels[0], directory / f"c{levels[0]}.jsonl"),
-            "versions": _versions(target), "patches": _patch_status(target), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        }  # fmt: skip
+            "versions": _versions(target),
+            "patches": _patch_status(target),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
         meta["summary"] = {"url": url, "client": sweep.module, **{k: v for k, v in meta["versions"].items() if v}}
-        print(f"sweeping {url} with {sweep.module} (sglang {dist.version}): concurrency {', '.join(map(str, levels))}; results in {directory}")
+        print(
+            f"sweeping {url} with {sweep.module} (sglang {dist.version}): concurrency {', '.join(map(str, levels))}; results in {directory}"
+        )
         return _run_levels(sweep, levels, directory, meta, args.threshold, max_running)
 
 
-def _run_levels(sweep: client.Sweep, levels: list[int], directory: Path, meta: dict, threshold: float, max_running: int | None) -> int:
+def _run_levels(
+    sweep: client.Sweep, levels: list[int], directory: Path, meta: dict, threshold: float, max_running: int | None
+) -> int:
     done: list[analysis.Level] = []
     try:
         for i, concurrency in enumerate(levels, 1):
             bar = "#" * (i - 1) + "." * (len(levels) - i + 1)
-            print(f"[{bar}] {i}/{len(levels)} concurrency {concurrency}: {sweep.prompts(concurrency)} prompts ...", flush=True)
+            print(
+                f"[{bar}] {i}/{len(levels)} concurrency {concurrency}: {sweep.prompts(concurrency)} prompts ...",
+                flush=True,
+            )
             level = client.run_level(sweep, concurrency, directory)
             done.append(level)
             print(_live_line(level), flush=True)

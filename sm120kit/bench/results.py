@@ -1,11 +1,11 @@
 """A sweep's results directory, enough to reproduce it and to compare it later:
 
-    run.json      what ran: profile, URL, client command, versions, patch status, levels
-    c<N>.jsonl    the client's own output file for each level, untouched
-    c<N>.log      the client's console output for each level
-    results.csv   one row per level
-    summary.md    the table and the verdict
-    plot.png      throughput vs concurrency, TTFT / ITL percentiles (with matplotlib)
+run.json      what ran: profile, URL, client command, versions, patch status, levels
+c<N>.jsonl    the client's own output file for each level, untouched
+c<N>.log      the client's console output for each level
+results.csv   one row per level
+summary.md    the table and the verdict
+plot.png      throughput vs concurrency, TTFT / ITL percentiles (with matplotlib)
 """
 
 from __future__ import annotations
@@ -22,7 +22,12 @@ RUN_FILE = "run.json"
 
 
 def write_run(directory: Path, meta: dict, levels: list[Level], verdict: Verdict | None, finished: bool) -> None:
-    doc = {**meta, "finished": finished, "levels": [lv.as_json() for lv in levels], "verdict": verdict.lines if verdict else []}
+    doc = {
+        **meta,
+        "finished": finished,
+        "levels": [lv.as_json() for lv in levels],
+        "verdict": verdict.lines if verdict else [],
+    }
     tmp = directory / f".{RUN_FILE}.tmp"  # a Ctrl-C mid-write must not leave a broken run.json
     tmp.write_text(json.dumps(doc, indent=2))
     os.replace(tmp, directory / RUN_FILE)
@@ -34,7 +39,9 @@ def write_tables(directory: Path, meta: dict, levels: list[Level], verdict: Verd
         writer.writerow(["concurrency", "prompts", "completed", "failed", *(key for _, key, _ in COLUMNS)])
         for lv in levels:
             f = lv.figures or {}
-            writer.writerow([lv.concurrency, lv.prompts, lv.completed, lv.failed, *(f.get(key, "") for _, key, _ in COLUMNS)])
+            writer.writerow(
+                [lv.concurrency, lv.prompts, lv.completed, lv.failed, *(f.get(key, "") for _, key, _ in COLUMNS)]
+            )
     headers, rows = table_rows(levels)
     md = [f"# sm120kit bench: {meta.get('title', '')}", ""]
     md += [f"- {k}: `{v}`" for k, v in meta.get("summary", {}).items()]
@@ -58,12 +65,21 @@ def write_plot(directory: Path, title: str, levels: list[Level]) -> str | None:
         return "plot.png skipped: no level has figures"
     xs = [lv.concurrency for lv in ok]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for key, label in (("total_throughput", "total"), ("output_throughput", "output"), ("max_output_tokens_per_s", "peak output")):
+    for key, label in (
+        ("total_throughput", "total"),
+        ("output_throughput", "output"),
+        ("max_output_tokens_per_s", "peak output"),
+    ):
         left.plot(xs, [lv.figures.get(key) for lv in ok], marker="o", label=label)
     left.set(xscale="log", xlabel="concurrency", ylabel="tok/s", title="throughput")
     left.set_xticks(xs, [str(x) for x in xs])
     left.legend()
-    for key, label in (("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99"), ("median_itl_ms", "ITL p50"), ("p99_itl_ms", "ITL p99")):
+    for key, label in (
+        ("median_ttft_ms", "TTFT p50"),
+        ("p99_ttft_ms", "TTFT p99"),
+        ("median_itl_ms", "ITL p50"),
+        ("p99_itl_ms", "ITL p99"),
+    ):
         right.plot(xs, [lv.figures.get(key) for lv in ok], marker="o", label=label)
     right.set(xscale="log", yscale="log", xlabel="concurrency", ylabel="ms", title="latency")
     right.set_xticks(xs, [str(x) for x in xs])
@@ -81,7 +97,12 @@ def load_run(directory: str) -> tuple[dict, list[Level]]:
         doc = json.loads(path.read_text())
         levels = [Level(d["concurrency"], d["prompts"], d["figures"], d.get("error", "")) for d in doc["levels"]]
     except FileNotFoundError:
-        raise UserError(f"{directory} is not a results directory (no {RUN_FILE})", "pass two directories that `sm120kit bench` wrote") from None
+        raise UserError(
+            f"{directory} is not a results directory (no {RUN_FILE})",
+            "pass two directories that `sm120kit bench` wrote",
+        ) from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"{path} cannot be read ({type(exc).__name__}: {exc})", "pass a directory that `sm120kit bench` wrote") from None
+        raise UserError(
+            f"{path} cannot be read ({type(exc).__name__}: {exc})", "pass a directory that `sm120kit bench` wrote"
+        ) from None
     return doc, levels

@@ -57,7 +57,13 @@ class Result:
     data: dict = field(default_factory=dict)
 
     def as_json(self) -> dict:
-        return {"check": self.id, "status": self.status, "detail": self.detail, "fix": self.fix, **({"data": self.data} if self.data else {})}
+        return {
+            "check": self.id,
+            "status": self.status,
+            "detail": self.detail,
+            "fix": self.fix,
+            **({"data": self.data} if self.data else {}),
+        }
 
 
 def _ranges(indices: list[int]) -> str:
@@ -78,13 +84,19 @@ def _ranges(indices: list[int]) -> str:
 def driver(host: Host, profile) -> Result:
     if "error" in host.nvml:  # serve's preflight refuses for the same reason
         missing = "nvidia-ml-py" in host.nvml["error"]
-        fix = "pip install nvidia-ml-py (a dependency of sm120kit)" if missing else "install the NVIDIA driver (570 or newer for Blackwell), then check `nvidia-smi`"
+        fix = (
+            "pip install nvidia-ml-py (a dependency of sm120kit)"
+            if missing
+            else "install the NVIDIA driver (570 or newer for Blackwell), then check `nvidia-smi`"
+        )
         return Result("driver", FAIL, host.nvml["error"], fix)
     cuda = host.nvml.get("cuda_driver_version")
     cuda_text = f"CUDA {cuda // 1000}.{cuda % 1000 // 10}" if cuda else "CUDA unknown"
     detail = f"driver {host.nvml.get('driver_version', '?')}, {cuda_text}"
     if cuda and cuda < CUDA_FOR_SM120:
-        return Result("driver", FAIL, detail + ": SM120 needs a CUDA 12.8 driver or newer", "upgrade the NVIDIA driver (570+)")
+        return Result(
+            "driver", FAIL, detail + ": SM120 needs a CUDA 12.8 driver or newer", "upgrade the NVIDIA driver (570+)"
+        )
     return Result("driver", OK, detail)
 
 
@@ -94,8 +106,14 @@ def inventory(host: Host, profile) -> Result:
         return Result("gpus", INFO, "not read (no NVML)")
     names = {}
     for g in gpus:
-        names.setdefault(f"{g['name']} (CC {g['compute_capability']}, {g['memory_total_mib'] // 1024} GiB)", []).append(g["index"])
-    detail = f"{len(gpus)} GPU(s): " + "; ".join(f"{_ranges(ix)}: {n}" for n, ix in names.items()) if gpus else "no GPU found"
+        names.setdefault(f"{g['name']} (CC {g['compute_capability']}, {g['memory_total_mib'] // 1024} GiB)", []).append(
+            g["index"]
+        )
+    detail = (
+        f"{len(gpus)} GPU(s): " + "; ".join(f"{_ranges(ix)}: {n}" for n, ix in names.items())
+        if gpus
+        else "no GPU found"
+    )
     if profile is None:
         return Result("gpus", OK if gpus else FAIL, detail, "" if gpus else "check `nvidia-smi`")
     node, problems = profile.node, []
@@ -103,37 +121,72 @@ def inventory(host: Host, profile) -> Result:
         problems.append(f"profile {profile.name} needs {node.gpus} GPUs, {len(gpus)} found")
     wrong = [g["index"] for g in gpus if node.compute_capability and g["compute_capability"] != node.compute_capability]
     if wrong:
-        problems.append(f"profile {profile.name} is for compute capability {node.compute_capability} (SM{node.compute_capability.replace('.', '')}); GPU {_ranges(wrong)} is not")
-    small = [g["index"] for g in gpus if node.gpu_memory_gb and g["memory_total_mib"] < node.gpu_memory_gb * 0.95 * 1000**3 / (1 << 20)]
+        problems.append(
+            f"profile {profile.name} is for compute capability {node.compute_capability} (SM{node.compute_capability.replace('.', '')}); GPU {_ranges(wrong)} is not"
+        )
+    small = [
+        g["index"]
+        for g in gpus
+        if node.gpu_memory_gb and g["memory_total_mib"] < node.gpu_memory_gb * 0.95 * 1000**3 / (1 << 20)
+    ]
     if small:
-        problems.append(f"profile {profile.name} is sized for {node.gpu_memory_gb} GB per GPU; GPU {_ranges(small)} has less")
+        problems.append(
+            f"profile {profile.name} is sized for {node.gpu_memory_gb} GB per GPU; GPU {_ranges(small)} has less"
+        )
     if problems:
-        return Result("gpus", FAIL, detail + " — " + "; ".join(problems), f"run it on a node with what profile {profile.name} needs, or use a profile for this hardware (`sm120kit profiles`)")
+        return Result(
+            "gpus",
+            FAIL,
+            detail + " — " + "; ".join(problems),
+            f"run it on a node with what profile {profile.name} needs, or use a profile for this hardware (`sm120kit profiles`)",
+        )
     return Result("gpus", OK, detail + f" — meets profile {profile.name}")
 
 
 def persistence(host: Host, profile) -> Result:
     off = [g["index"] for g in host.gpus if g.get("persistence_mode") is False]
     if off:
-        return Result("persistence", WARN, f"persistence mode off on GPU {_ranges(off)}: each start re-initialises the GPUs", "sudo nvidia-smi -pm 1 (or enable nvidia-persistenced)")
+        return Result(
+            "persistence",
+            WARN,
+            f"persistence mode off on GPU {_ranges(off)}: each start re-initialises the GPUs",
+            "sudo nvidia-smi -pm 1 (or enable nvidia-persistenced)",
+        )
     return Result("persistence", OK if host.gpus else INFO, "on" if host.gpus else "no GPU")
 
 
 def pcie(host: Host, profile) -> Result:
-    narrow = [g for g in host.gpus if g["pcie"].get("width") and g["pcie"].get("max_width") and g["pcie"]["width"] < g["pcie"]["max_width"]]
+    narrow = [
+        g
+        for g in host.gpus
+        if g["pcie"].get("width") and g["pcie"].get("max_width") and g["pcie"]["width"] < g["pcie"]["max_width"]
+    ]
     links = sorted({f"Gen{g['pcie'].get('max_gen')} x{g['pcie'].get('max_width')}" for g in host.gpus})
     if narrow:
         what = "; ".join(f"GPU {g['index']} at x{g['pcie']['width']} of x{g['pcie']['max_width']}" for g in narrow)
-        return Result("pcie", WARN, f"{what}: one slow link throttles every rank of a TP group",
-                      "reseat the card or move it to a full-width slot; check the BIOS bifurcation setting")  # fmt: skip
-    return Result("pcie", OK if host.gpus else INFO, ("full width: " + ", ".join(links) + " (an idle GPU may show a lower generation)") if host.gpus else "no GPU")
+        return Result(
+            "pcie",
+            WARN,
+            f"{what}: one slow link throttles every rank of a TP group",
+            "reseat the card or move it to a full-width slot; check the BIOS bifurcation setting",
+        )
+    return Result(
+        "pcie",
+        OK if host.gpus else INFO,
+        ("full width: " + ", ".join(links) + " (an idle GPU may show a lower generation)") if host.gpus else "no GPU",
+    )
 
 
 def gpu_processes(host: Host, profile) -> Result:
     busy = [(g["index"], pid, mib) for g in host.gpus for pid, mib in g.get("processes", {}).items()]
     if busy:
         listing = ", ".join(f"pid {pid} on GPU {i} ({mib} MiB)" for i, pid, mib in busy)
-        return Result("gpu processes", WARN, f"memory already held: {listing}", "stop them (stale sglang ones: `sm120kit serve NAME --check --kill-stale`)")
+        return Result(
+            "gpu processes",
+            WARN,
+            f"memory already held: {listing}",
+            "stop them (stale sglang ones: `sm120kit serve NAME --check --kill-stale`)",
+        )
     return Result("gpu processes", OK if host.gpus else INFO, "none" if host.gpus else "no GPU")
 
 
@@ -141,17 +194,25 @@ def peer_to_peer(host: Host, profile) -> Result:
     p2p = host.nvml.get("p2p") or []
     if len(host.gpus) < 2:
         return Result("p2p", INFO, "fewer than two GPUs")
-    bad = [(i, j, c) for i, row in enumerate(p2p) for j, c in enumerate(row) if c and (c["read"] != "ok" or c["write"] != "ok")]
+    bad = [
+        (i, j, c)
+        for i, row in enumerate(p2p)
+        for j, c in enumerate(row)
+        if c and (c["read"] != "ok" or c["write"] != "ok")
+    ]
     if not bad:
         return Result("p2p", OK, f"read and write between all {len(host.gpus)} GPUs")
     why = sorted({c["read"] if c["read"] != "ok" else c["write"] for _, _, c in bad})
     in_vm = virtualisation(host, profile).data.get("vm")
     fix = (
-        "GPU peer-to-peer does not pass this VM's IOMMU (VFIO): run in an LXC container or on the host" if in_vm
+        "GPU peer-to-peer does not pass this VM's IOMMU (VFIO): run in an LXC container or on the host"
+        if in_vm
         else "disable ACS in the BIOS (or PCIe switch), boot with iommu=pt, and check `nvidia-smi topo -p2p r`"
-    )  # fmt: skip
+    )
     pairs = len({tuple(sorted((i, j))) for i, j, _ in bad})
-    return Result("p2p", FAIL, f"{pairs} GPU pair(s) without P2P ({', '.join(why)}): NCCL falls back to host memory", fix)
+    return Result(
+        "p2p", FAIL, f"{pairs} GPU pair(s) without P2P ({', '.join(why)}): NCCL falls back to host memory", fix
+    )
 
 
 def numa_of(host: Host, bus_id: str) -> int | None:
@@ -171,7 +232,10 @@ def topology(host: Host, profile) -> Result:
     groups: dict = {}
     for i, n in numa.items():
         groups.setdefault(n, []).append(i)
-    detail = "NUMA " + "; ".join(f"{'?' if n is None or n < 0 else n}: GPU {_ranges(ix)}" for n, ix in sorted(groups.items(), key=lambda kv: str(kv[0])))
+    detail = "NUMA " + "; ".join(
+        f"{'?' if n is None or n < 0 else n}: GPU {_ranges(ix)}"
+        for n, ix in sorted(groups.items(), key=lambda kv: str(kv[0]))
+    )
     levels = host.nvml.get("topology") or []
     across = any(level == "across-sockets" for row in levels for level in row if level)
     data = {"numa": numa}
@@ -179,8 +243,13 @@ def topology(host: Host, profile) -> Result:
         level = (profile.env if profile else {}).get("NCCL_P2P_LEVEL") or host.env.get("NCCL_P2P_LEVEL")
         detail += ": peer traffic between the groups crosses the CPU socket"
         if level != "SYS":
-            return Result("topology", WARN, detail + f" and NCCL_P2P_LEVEL is {level or 'unset'}",
-                          "set NCCL_P2P_LEVEL=SYS (the sm120-base profile does) so NCCL keeps P2P across the socket", data)  # fmt: skip
+            return Result(
+                "topology",
+                WARN,
+                detail + f" and NCCL_P2P_LEVEL is {level or 'unset'}",
+                "set NCCL_P2P_LEVEL=SYS (the sm120-base profile does) so NCCL keeps P2P across the socket",
+                data,
+            )
         return Result("topology", OK, detail + " (NCCL_P2P_LEVEL=SYS)", data=data)
     return Result("topology", OK, detail, data=data)
 
@@ -198,8 +267,12 @@ def iommu(host: Host, profile) -> Result:
     types = {(host.text(f"/sys/kernel/iommu_groups/{g}/type") or "").strip() for g in groups} - {""}
     if types == {"identity"}:  # a kernel built with passthrough as its default domain
         return Result("iommu", OK, "IOMMU on, every group in passthrough (identity) domains")
-    return Result("iommu", FAIL, "IOMMU on without iommu=pt: GPU peer-to-peer DMA is translated and NCCL hangs",
-                  "add iommu=pt to GRUB_CMDLINE_LINUX in /etc/default/grub, run update-grub, reboot")  # fmt: skip
+    return Result(
+        "iommu",
+        FAIL,
+        "IOMMU on without iommu=pt: GPU peer-to-peer DMA is translated and NCCL hangs",
+        "add iommu=pt to GRUB_CMDLINE_LINUX in /etc/default/grub, run update-grub, reboot",
+    )
 
 
 def uvm_hmm(host: Host, profile) -> Result:
@@ -207,24 +280,47 @@ def uvm_hmm(host: Host, profile) -> Result:
     if value is None:
         return Result("nvidia_uvm hmm", INFO, "nvidia_uvm is not loaded (it loads with the first CUDA program)")
     if value.strip().upper() in ("N", "0"):
-        return Result("nvidia_uvm hmm", WARN, "HMM is on in nvidia_uvm: on some kernels CUDA does not initialise until it is off",
-                      "echo 'options nvidia_uvm uvm_disable_hmm=1' | sudo tee /etc/modprobe.d/nvidia-uvm.conf; reload nvidia_uvm or reboot")  # fmt: skip
+        return Result(
+            "nvidia_uvm hmm",
+            WARN,
+            "HMM is on in nvidia_uvm: on some kernels CUDA does not initialise until it is off",
+            "echo 'options nvidia_uvm uvm_disable_hmm=1' | sudo tee /etc/modprobe.d/nvidia-uvm.conf; reload nvidia_uvm or reboot",
+        )
     return Result("nvidia_uvm hmm", OK, "HMM off (uvm_disable_hmm=1)")
 
 
 def virtualisation(host: Host, profile) -> Result:
-    vendor = " ".join(filter(None, (host.text("/sys/class/dmi/id/sys_vendor"), host.text("/sys/class/dmi/id/product_name")))).strip()
+    vendor = " ".join(
+        filter(None, (host.text("/sys/class/dmi/id/sys_vendor"), host.text("/sys/class/dmi/id/product_name")))
+    ).strip()
     flags = re.search(r"^flags\s*:(.*)$", host.text("/proc/cpuinfo") or "", re.M)
-    vm = next((v for v in ("KVM", "QEMU", "VMware", "VirtualBox", "Xen", "Microsoft Corporation", "Amazon EC2", "Google") if v.lower() in vendor.lower()), None)
+    vm = next(
+        (
+            v
+            for v in ("KVM", "QEMU", "VMware", "VirtualBox", "Xen", "Microsoft Corporation", "Amazon EC2", "Google")
+            if v.lower() in vendor.lower()
+        ),
+        None,
+    )
     if vm is None and flags and "hypervisor" in flags.group(1).split():
         vm = "a hypervisor"
     environ = host.text("/proc/1/environ") or ""
     cgroup = host.text("/proc/1/cgroup") or ""
     container = (
-        "docker" if host.exists("/.dockerenv") else "podman" if host.exists("/run/.containerenv")
-        else "lxc" if "container=lxc" in environ or "/lxc" in cgroup else "docker" if "docker" in cgroup else None
-    )  # fmt: skip
-    parts = [f"virtual machine ({vm})" if vm else "bare metal", f"in a {container} container" if container else "no container"]
+        "docker"
+        if host.exists("/.dockerenv")
+        else "podman"
+        if host.exists("/run/.containerenv")
+        else "lxc"
+        if "container=lxc" in environ or "/lxc" in cgroup
+        else "docker"
+        if "docker" in cgroup
+        else None
+    )
+    parts = [
+        f"virtual machine ({vm})" if vm else "bare metal",
+        f"in a {container} container" if container else "no container",
+    ]
     return Result("virtualisation", INFO, ", ".join(parts), data={"vm": vm, "container": container})
 
 
@@ -239,7 +335,12 @@ def shm(host: Host, profile) -> Result:
             text = f"{n / GIB:.2f} GiB" if n >= GIB else f"{n >> 20} MiB"
             fix = "docker run --shm-size 32g (or --ipc=host); for LXC raise the tmpfs size"
             if n < SHM_MIN:
-                return Result("/dev/shm", FAIL, f"{text}: too small for sglang's shared-memory queues (docker's default is 64 MB)", fix)
+                return Result(
+                    "/dev/shm",
+                    FAIL,
+                    f"{text}: too small for sglang's shared-memory queues (docker's default is 64 MB)",
+                    fix,
+                )
             if n < SHM_GOOD:
                 return Result("/dev/shm", WARN, f"{text}: small for 8 ranks at high concurrency", fix)
             return Result("/dev/shm", OK, text)
@@ -257,7 +358,12 @@ def limits(host: Host, profile) -> Result:
     if memlock and memlock != "unlimited":
         problems.append(f"locked memory {int(memlock) >> 10} KiB (NCCL and pinned buffers want unlimited)")
     if problems:
-        return Result("limits", WARN, "; ".join(problems), "ulimit -n 65535 -l unlimited (systemd: LimitNOFILE=65535, LimitMEMLOCK=infinity; docker: --ulimit memlock=-1)")
+        return Result(
+            "limits",
+            WARN,
+            "; ".join(problems),
+            "ulimit -n 65535 -l unlimited (systemd: LimitNOFILE=65535, LimitMEMLOCK=infinity; docker: --ulimit memlock=-1)",
+        )
     return Result("limits", OK if text else INFO, "open files and locked memory fine" if text else "unknown")
 
 
@@ -274,17 +380,28 @@ def environment(host: Host, profile) -> Result:
         entries = [v for v in cvd.split(",") if v.strip()]
         seen = visible(gpus, host.env)
         if len(seen) < len(entries):
-            problems.append(f"CUDA_VISIBLE_DEVICES={cvd} names a GPU NVML does not have (CUDA stops at it: {len(seen)} visible)")
+            problems.append(
+                f"CUDA_VISIBLE_DEVICES={cvd} names a GPU NVML does not have (CUDA stops at it: {len(seen)} visible)"
+            )
         if host.env.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
-            warns.append("CUDA_VISIBLE_DEVICES is set but CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA's order may differ from nvidia-smi's")
+            warns.append(
+                "CUDA_VISIBLE_DEVICES is set but CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA's order may differ from nvidia-smi's"
+            )
     for name, want in (profile.env if profile else {}).items():
         have = host.env.get(name)
         if name.startswith(("NCCL_", "CUDA_")) and have is not None and have != want:
             warns.append(f"{name}={have} here; the profile sets {want} for the server")
     if problems:
-        return Result("environment", FAIL, "; ".join(problems + warns), "fix CUDA_VISIBLE_DEVICES (indices or UUIDs from `nvidia-smi -L`)")
+        return Result(
+            "environment",
+            FAIL,
+            "; ".join(problems + warns),
+            "fix CUDA_VISIBLE_DEVICES (indices or UUIDs from `nvidia-smi -L`)",
+        )
     if warns:
-        return Result("environment", WARN, "; ".join(warns), "export CUDA_DEVICE_ORDER=PCI_BUS_ID; let the profile's env win")
+        return Result(
+            "environment", WARN, "; ".join(warns), "export CUDA_DEVICE_ORDER=PCI_BUS_ID; let the profile's env win"
+        )
     return Result("environment", OK, "CUDA and NCCL variables consistent")
 
 
@@ -297,9 +414,19 @@ def software(host: Host, profile) -> Result:
     torch = found["torch"]
     cuda = re.search(r"\+cu(\d+)", torch.version) if torch else None
     if cuda and int(cuda.group(1)) < 128:
-        return Result("software", FAIL, detail + f": torch built for CUDA {cuda.group(1)} has no sm_120 kernels", "pip install torch built for CUDA 12.8 or newer (cu128+)")
+        return Result(
+            "software",
+            FAIL,
+            detail + f": torch built for CUDA {cuda.group(1)} has no sm_120 kernels",
+            "pip install torch built for CUDA 12.8 or newer (cu128+)",
+        )
     if not found["sglang"]:
-        return Result("software", WARN, detail + "; sglang is not installed here", "install sglang, or point sm120kit at its environment with --python EXE")
+        return Result(
+            "software",
+            WARN,
+            detail + "; sglang is not installed here",
+            "install sglang, or point sm120kit at its environment with --python EXE",
+        )
     return Result("software", OK, detail)
 
 
@@ -322,9 +449,19 @@ def patches(host: Host, profile) -> Result:
         return Result("patches", WARN, detail, "sm120kit patch --verify")
     if code == 2:
         hints = [f"{f.patch.id}: {f.hint}" for f in plan.errors if f.hint]
-        return Result("patches", FAIL, detail, hints[0] if hints else "sm120kit status shows which; sm120kit patch --force only if the edits are yours")
+        return Result(
+            "patches",
+            FAIL,
+            detail,
+            hints[0] if hints else "sm120kit status shows which; sm120kit patch --force only if the edits are yours",
+        )
     if unproven:
-        return Result("patches", WARN, detail, "run by the shape of the code on a release newer than they were proven on: watch the first requests")
+        return Result(
+            "patches",
+            WARN,
+            detail,
+            "run by the shape of the code on a release newer than they were proven on: watch the first requests",
+        )
     return Result("patches", OK, detail)
 
 
@@ -337,8 +474,19 @@ def jit_cache(host: Host, profile) -> Result:
     dirs = [p for p in jc.cache_dirs(dist) if p.exists()]
     prebuilt = jc.prebuilt_package(dist)
     if prebuilt:
-        return Result("jit cache", WARN, f"{prebuilt} is installed: its prebuilt kernels win over patched sources", f"pip uninstall {prebuilt}")
-    return Result("jit cache", OK, f"{len(dirs)} flashinfer JIT cache dir(s) for {dist.version}" if dirs else f"empty for flashinfer {dist.version}")
+        return Result(
+            "jit cache",
+            WARN,
+            f"{prebuilt} is installed: its prebuilt kernels win over patched sources",
+            f"pip uninstall {prebuilt}",
+        )
+    return Result(
+        "jit cache",
+        OK,
+        f"{len(dirs)} flashinfer JIT cache dir(s) for {dist.version}"
+        if dirs
+        else f"empty for flashinfer {dist.version}",
+    )
 
 
 def disk(host: Host, profile) -> Result:
@@ -348,7 +496,9 @@ def disk(host: Host, profile) -> Result:
         return Result("disk", INFO, "no model to look for")
     local = Path(path).expanduser()
     if not local.is_absolute() and not local.exists():
-        hub = Path(host.env.get("HF_HUB_CACHE") or Path(host.env.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "hub")
+        hub = Path(
+            host.env.get("HF_HUB_CACHE") or Path(host.env.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "hub"
+        )
         local = hub / ("models--" + path.replace("/", "--"))
     where = local if local.exists() else next((p for p in local.parents if p.exists()), Path("/"))
     stat = os.statvfs(where)
@@ -359,11 +509,34 @@ def disk(host: Host, profile) -> Result:
     detail = f"model {path} not downloaded yet ({local}); {free_gb:,.0f} GB free at {where}"
     fix = f"huggingface-cli download {path}, or point model.path at a copy"
     if size and free_gb < size:
-        return Result("disk", FAIL, detail + f", the model needs {size} GB", "free space there, set HF_HOME to a larger disk, or " + fix)
+        return Result(
+            "disk",
+            FAIL,
+            detail + f", the model needs {size} GB",
+            "free space there, set HF_HOME to a larger disk, or " + fix,
+        )
     return Result("disk", INFO, detail + (f" (the model needs {size} GB)" if size else ""), fix)
 
 
-CHECKS = (driver, inventory, persistence, pcie, gpu_processes, peer_to_peer, topology, iommu, uvm_hmm, virtualisation, shm, limits, environment, software, patches, jit_cache, disk)
+CHECKS = (
+    driver,
+    inventory,
+    persistence,
+    pcie,
+    gpu_processes,
+    peer_to_peer,
+    topology,
+    iommu,
+    uvm_hmm,
+    virtualisation,
+    shm,
+    limits,
+    environment,
+    software,
+    patches,
+    jit_cache,
+    disk,
+)
 
 
 def run_all(host: Host, profile=None) -> list[Result]:
@@ -372,5 +545,12 @@ def run_all(host: Host, profile=None) -> list[Result]:
         try:
             results.append(check(host, profile))
         except Exception as exc:  # a check's bug must not hide the other checks
-            results.append(Result(check.__name__, WARN, f"the check itself failed: {type(exc).__name__}: {exc}", "report it (rerun with --debug)"))
+            results.append(
+                Result(
+                    check.__name__,
+                    WARN,
+                    f"the check itself failed: {type(exc).__name__}: {exc}",
+                    "report it (rerun with --debug)",
+                )
+            )
     return results

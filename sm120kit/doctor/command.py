@@ -12,7 +12,15 @@ from sm120kit.doctor.checks import FAIL, OK, Host, run_all
 from sm120kit.errors import UserError
 
 MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "info"}
-SHORT = {"internal": "X", "single-switch": "PIX", "multiple-switches": "PXB", "host-bridge": "PHB", "numa-node": "NODE", "across-sockets": "SYS", "unknown": "?"}
+SHORT = {
+    "internal": "X",
+    "single-switch": "PIX",
+    "multiple-switches": "PXB",
+    "host-bridge": "PHB",
+    "numa-node": "NODE",
+    "across-sockets": "SYS",
+    "unknown": "?",
+}
 
 
 def matrix(doc: dict) -> list[str]:
@@ -39,16 +47,28 @@ def matrix(doc: dict) -> list[str]:
 def doctor(args, profile, target) -> int:
     """Exit 0: nothing failed (warnings allowed); 1: something failed."""
     if args.root and not Path(args.root).is_dir():
-        raise UserError(f"--root {args.root}: no such directory", "pass a directory that holds proc/ and sys/ copied from the node")
+        raise UserError(
+            f"--root {args.root}: no such directory", "pass a directory that holds proc/ and sys/ copied from the node"
+        )
     if args.root and not any((Path(args.root) / part).is_dir() for part in ("proc", "sys")):
         # An empty copy would read as a node without a GPU, an IOMMU or a hypervisor.
-        raise UserError(f"--root {args.root}: holds neither proc/ nor sys/, so it is no copy of a node", "pass a directory that holds proc/ and sys/ copied from the node")
+        raise UserError(
+            f"--root {args.root}: holds neither proc/ nor sys/, so it is no copy of a node",
+            "pass a directory that holds proc/ and sys/ copied from the node",
+        )
     doc = nvml.load(args.nvml) if args.nvml else nvml.read()
     host = Host(Path(args.root or "/"), dict(os.environ), doc, target)
     results = run_all(host, profile)
     code = int(any(r.status == FAIL for r in results))
     if args.json:
-        report.emit_json({"profile": profile.name if profile else None, "checks": [r.as_json() for r in results], "nvml": doc, "exit_code": code})
+        report.emit_json(
+            {
+                "profile": profile.name if profile else None,
+                "checks": [r.as_json() for r in results],
+                "nvml": doc,
+                "exit_code": code,
+            }
+        )
         return code
     title = "sm120kit doctor" + (f" --profile {profile.name}" if profile else "")
     print(title)

@@ -55,7 +55,7 @@ class Document(BaseModel):
 
 
 def validate(doc: dict) -> str:
-    """"" for a valid document, else where and what is wrong."""
+    """ "" for a valid document, else where and what is wrong."""
     try:
         Document.model_validate(doc)
     except ValidationError as exc:

@@ -12,7 +12,8 @@ inside it, and swap it back in along the same path.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import libcst
@@ -78,7 +79,10 @@ def compares_to(node: libcst.CSTNode, number: str) -> bool:
     """Whether any `x == <number>` appears under `node` (e.g. a capability major 12 branch)."""
     return any(
         isinstance(n, cst.Comparison)
-        and any(isinstance(t.operator, cst.Equal) and isinstance(t.comparator, cst.Integer) and t.comparator.value == number for t in n.comparisons)
+        and any(
+            isinstance(t.operator, cst.Equal) and isinstance(t.comparator, cst.Integer) and t.comparator.value == number
+            for t in n.comparisons
+        )
         for n in iter_nodes(node)
     )
 
@@ -128,8 +132,12 @@ def append_element(items: libcst.List, value: libcst.BaseExpression) -> libcst.L
     if len(elements) >= 2 and isinstance(last.comma, cst.Comma) and isinstance(elements[-2].comma, cst.Comma):
         # One element per line, trailing comma: the old last takes the inner separator,
         # the new last takes the closing one.
-        return items.with_changes(elements=[*elements[:-1], last.with_changes(comma=elements[-2].comma), new.with_changes(comma=last.comma)])
-    return items.with_changes(elements=[*elements[:-1], last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), new])
+        return items.with_changes(
+            elements=[*elements[:-1], last.with_changes(comma=elements[-2].comma), new.with_changes(comma=last.comma)]
+        )
+    return items.with_changes(
+        elements=[*elements[:-1], last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), new]
+    )
 
 
 def insert_after(block: libcst.IndentedBlock, index: int, statement: libcst.BaseStatement) -> libcst.IndentedBlock:

@@ -119,7 +119,9 @@ class Plan:
     drop: list[tuple[Ledger, str]] = field(default_factory=list)  # entries now describing vendor bytes
     warnings: list[str] = field(default_factory=list)
     jit_cache_removed: list[Path] = field(default_factory=list)
-    allowances: dict[tuple[Path, str], dict] = field(default_factory=dict)  # (site, patch id): --allow-missing to record
+    allowances: dict[tuple[Path, str], dict] = field(
+        default_factory=dict
+    )  # (site, patch id): --allow-missing to record
     interrupted: list[Path] = field(default_factory=list)  # journals of a killed run, not recovered yet
     damaged: list[str] = field(default_factory=list)  # ledgers that failed validation (read without them)
 
@@ -134,12 +136,17 @@ class Plan:
 
     @property
     def unproven(self) -> list[Finding]:
-        return [f for f in self.findings if f.unproven and f.outcome not in (Outcome.FIXED_UPSTREAM, Outcome.NOT_APPLICABLE)]
+        return [
+            f for f in self.findings if f.unproven and f.outcome not in (Outcome.FIXED_UPSTREAM, Outcome.NOT_APPLICABLE)
+        ]
 
     @property
     def blockers(self) -> list[str]:
         """Errors of the whole plan, not of one finding: a damaged ledger, an unfinished run."""
-        unfinished = [f"an interrupted sm120kit run left {j}: run `sm120kit patch` or `sm120kit unpatch` to finish it" for j in self.interrupted]
+        unfinished = [
+            f"an interrupted sm120kit run left {j}: run `sm120kit patch` or `sm120kit unpatch` to finish it"
+            for j in self.interrupted
+        ]
         return [*self.damaged, *unfinished]
 
     def exit_code(self, check: bool) -> int:
@@ -174,7 +181,9 @@ def _transform(
         except Exception as exc:  # a patch bug must not take the run down: report it
             import traceback
 
-            findings.append(finding(patch, rewrite, Outcome.FAILED, f"transform raised {exc!r}\n{traceback.format_exc()}"))
+            findings.append(
+                finding(patch, rewrite, Outcome.FAILED, f"transform raised {exc!r}\n{traceback.format_exc()}")
+            )
             continue
         if isinstance(result, Rewritten):
             module = result.module
@@ -269,7 +278,11 @@ def plan(
             _plan_file(result, dist, ledger, relpath, items, force, cache, need_bytes, allowed)
         for f in result.findings:
             if f.outcome is Outcome.ANCHOR_MISSING and f.patch.package == dist.name and f.patch.id in allow_missing:
-                result.allowances[(dist.site, f.patch.id)] = {"package": dist.name, "version": dist.version, "reason": f.detail.rsplit(" (allowed:", 1)[0]}
+                result.allowances[(dist.site, f.patch.id)] = {
+                    "package": dist.name,
+                    "version": dist.version,
+                    "reason": f.detail.rsplit(" (allowed:", 1)[0],
+                }
         _plan_untargeted_entries(result, dist, ledger, set(per_file))
         if dist.record_damaged:
             result.warnings.append(
@@ -322,7 +335,14 @@ def _fixed_by_version(patch: Patch, dist: Distribution, to_run: list[Rewrite]) -
     """Past the proven window, the parts of the window's top that do not run by shape: their
     bug is known fixed upstream in this release."""
     return [
-        Finding(patch, Outcome.FIXED_UPSTREAM, f"fixed upstream in {fixed} (by version; proven {patch.window})", dist.version, r.path, fixed)
+        Finding(
+            patch,
+            Outcome.FIXED_UPSTREAM,
+            f"fixed upstream in {fixed} (by version; proven {patch.window})",
+            dist.version,
+            r.path,
+            fixed,
+        )
         for r in patch.current_rewrites
         if r not in to_run and (fixed := patch.fixed_in_for(r))
     ]
@@ -330,7 +350,10 @@ def _fixed_by_version(patch: Patch, dist: Distribution, to_run: list[Rewrite]) -
 
 def _outside_window(patch: Patch, dist: Distribution) -> tuple[Outcome, str]:
     if patch.is_fixed_in(dist.version):
-        return Outcome.FIXED_UPSTREAM, f"fixed upstream in {patch.fixed_in} (by version; beyond the releases it was proven on)"
+        return (
+            Outcome.FIXED_UPSTREAM,
+            f"fixed upstream in {patch.fixed_in} (by version; beyond the releases it was proven on)",
+        )
     windows = "; ".join(sorted({r.versions for r in patch.rewrites}))
     return Outcome.NOT_APPLICABLE, f"{dist.name} {dist.version} is outside {windows}"
 
@@ -367,17 +390,31 @@ def _verdicts(before: bytes, digest: str, items, version: str, relpath: str, cac
         if f.outcome is not Outcome.FAILED:  # a failure may be an environment accident; retry it
             outcome_cache.put(k, {"outcome": f.outcome.value, "detail": f.detail})
         if f.outcome is Outcome.WOULD_APPLY:  # the self-check proved it on the new bytes
-            outcome_cache.put(_cache_key(p, r, version, after_digest), {"outcome": Outcome.ALREADY_APPLIED.value, "detail": ""})
+            outcome_cache.put(
+                _cache_key(p, r, version, after_digest), {"outcome": Outcome.ALREADY_APPLIED.value, "detail": ""}
+            )
     return after, findings
 
 
-def _plan_file(plan_: Plan, dist: Distribution, ledger: Ledger, relpath: str, items, force: bool, cache: bool, need_bytes: bool, allowed: dict[str, str]) -> None:
+def _plan_file(
+    plan_: Plan,
+    dist: Distribution,
+    ledger: Ledger,
+    relpath: str,
+    items,
+    force: bool,
+    cache: bool,
+    need_bytes: bool,
+    allowed: dict[str, str],
+) -> None:
     path = dist.file(relpath)
     try:
         before = path.read_bytes()
     except FileNotFoundError:
         reason = f"{relpath} is absent from {dist.name} {dist.version} ({path})"
-        findings = [Finding(p, Outcome.ANCHOR_MISSING, reason, dist.version, relpath, p.fixed_in_for(r)) for p, r in items]
+        findings = [
+            Finding(p, Outcome.ANCHOR_MISSING, reason, dist.version, relpath, p.fixed_in_for(r)) for p, r in items
+        ]
         plan_.findings += _qualified(findings, dist, allowed)
         return
     except OSError as exc:
@@ -427,7 +464,11 @@ def _qualified(findings: list[Finding], dist: Distribution, allowed: dict[str, s
         if past:
             f.detail = f"{f.unproven}: {f.detail}; the bug may or may not be fixed in this release"
             last = f.patch.last_proven
-            pin = f"pin the last proven release (pip install '{dist.name}=={last}')" if last else f"pin a release it was proven on ({f.patch.window})"
+            pin = (
+                f"pin the last proven release (pip install '{dist.name}=={last}')"
+                if last
+                else f"pin a release it was proven on ({f.patch.window})"
+            )
             refs = f" ({', '.join(f.patch.refs)})" if f.patch.refs else ""
             f.hint = f"{pin}, or check upstream's change to {f.path}{refs}; to go on without this patch: --allow-missing {f.patch.id}"
         else:
@@ -448,7 +489,17 @@ def _other_revisions(source: bytes, items) -> dict[str, set[int]]:
     return {pid: revs for pid, revs in found.items() if revs}
 
 
-def _rebuild(before: bytes, dist: Distribution, ledger: Ledger, entry: FileEntry | None, state: str, relpath: str, items, older: dict[str, set[int]], need_bytes: bool):
+def _rebuild(
+    before: bytes,
+    dist: Distribution,
+    ledger: Ledger,
+    entry: FileEntry | None,
+    state: str,
+    relpath: str,
+    items,
+    older: dict[str, set[int]],
+    need_bytes: bool,
+):
     """A file that carries another revision of a patch. That patch is outdated (never judged
     by its transform, which would mistake the old revision's code for upstream's); the new
     bytes are the current transforms run on the vendor's bytes (the backup), never on top
@@ -472,7 +523,10 @@ def _rebuild(before: bytes, dist: Distribution, ledger: Ledger, entry: FileEntry
     elif state != "ours":
         problem, hint = f"{relpath} changed since sm120kit wrote it", reinstall
     elif unknown := sorted(set(entry.patches) - {p.id for p, _ in items}):
-        problem, hint = f"it also carries {', '.join(unknown)}, which this run does not load", "run without --only, or pass the --patch-dir that has it"
+        problem, hint = (
+            f"it also carries {', '.join(unknown)}, which this run does not load",
+            "run without --only, or pass the --patch-dir that has it",
+        )
     elif vendor is None:
         problem, hint = f"the backup {entry.vendor_sha256[:12]} of the vendor's bytes is missing or damaged", reinstall
     else:
@@ -569,7 +623,9 @@ def _locked(target: Target, sites: set[Path], patches: list[Patch]) -> Iterator[
         recovered: list[str] = []
         for site in sorted(sites):
             stack.enter_context(Ledger(site).locked())
-            recovered += transaction.recover(site, lambda package, relpath: _resolve(target, declared, package, relpath))
+            recovered += transaction.recover(
+                site, lambda package, relpath: _resolve(target, declared, package, relpath)
+            )
         yield recovered
 
 
@@ -583,7 +639,11 @@ def _resolve(target: Target, declared: set[tuple[str, str]], package: str, relpa
 
 
 def apply(
-    target: Target, patches: list[Patch], force: bool = False, keep_jit_cache: bool = False, allow_missing: frozenset[str] = frozenset()
+    target: Target,
+    patches: list[Patch],
+    force: bool = False,
+    keep_jit_cache: bool = False,
+    allow_missing: frozenset[str] = frozenset(),
 ) -> Plan:
     """Plan under the lock; if nothing is an error, write every change as one transaction,
     prove it from disk, and record it in the ledger (with any --allow-missing accepted);
@@ -612,7 +672,10 @@ def _write_plan(result: Plan, keep_jit_cache: bool) -> None:
     for (site, patch_id), allowance in result.allowances.items():
         result.ledgers[site].allow_missing(patch_id, allowance)
     if result.changes or result.drop or result.allowances:
-        writes = [transaction.FileWrite(c.dist.site, c.dist.name, c.relpath, c.abspath, c.before, c.after) for c in result.changes]
+        writes = [
+            transaction.FileWrite(c.dist.site, c.dist.name, c.relpath, c.abspath, c.before, c.after)
+            for c in result.changes
+        ]
         _write(result.ledgers, writes, "patch")
     _after_source_change(result, {c.dist for c in result.changes}, keep_jit_cache)
     written = {(c.dist.name, c.relpath) for c in result.changes}
@@ -620,13 +683,19 @@ def _write_plan(result: Plan, keep_jit_cache: bool) -> None:
         if f.outcome is Outcome.WOULD_APPLY:
             f.outcome = Outcome.APPLIED
         elif f.outcome is Outcome.OUTDATED and (f.patch.package, f.path) in written:
-            f.outcome, f.detail = Outcome.APPLIED, f.detail.removesuffix(WILL_REBUILD) + ": rebuilt from the vendor's bytes"
+            f.outcome, f.detail = (
+                Outcome.APPLIED,
+                f.detail.removesuffix(WILL_REBUILD) + ": rebuilt from the vendor's bytes",
+            )
 
 
 def _after_source_change(result: Plan | Unpatched, dists, keep_jit_cache: bool) -> None:
     for dist in sorted(dists, key=lambda d: d.name):
         if keep_jit_cache:
-            result.warnings += [f"{dist.name}: kept the JIT cache {d} (--keep-jit-cache): it was built from the old sources" for d in jit_cache.cache_dirs(dist)]
+            result.warnings += [
+                f"{dist.name}: kept the JIT cache {d} (--keep-jit-cache): it was built from the old sources"
+                for d in jit_cache.cache_dirs(dist)
+            ]
         else:
             result.jit_cache_removed += jit_cache.remove(dist)
 
@@ -660,7 +729,11 @@ def verify(target: Target, patches: list[Patch]) -> list[str]:
     """Re-read everything from disk: every patch must be in place, fixed upstream or not
     applicable, and every ledger entry must match the bytes on disk. Returns problems."""
     result = plan(target, patches, cache=False)
-    problems = [f"{f.patch.id}: {f.outcome.value} {f.detail}".rstrip() for f in result.findings if f.is_error or f.outcome in (Outcome.WOULD_APPLY, Outcome.OUTDATED)]
+    problems = [
+        f"{f.patch.id}: {f.outcome.value} {f.detail}".rstrip()
+        for f in result.findings
+        if f.is_error or f.outcome in (Outcome.WOULD_APPLY, Outcome.OUTDATED)
+    ]
     problems += result.blockers
     problems += [row.detail for row in _unrecorded_rows(target, result)]
     for ledger in result.ledgers.values():
@@ -670,7 +743,9 @@ def verify(target: Target, patches: list[Patch]) -> list[str]:
             if path is None or not path.exists() or sha256(path.read_bytes()) != entry.patched_sha256:
                 problems.append(f"{key}: the bytes on disk are not the ones sm120kit recorded")
             elif ledger.backup(entry.vendor_sha256) is None:
-                problems.append(f"{key}: the backup of its vendor bytes is missing or damaged, so `unpatch` could not restore it")
+                problems.append(
+                    f"{key}: the backup of its vendor bytes is missing or damaged, so `unpatch` could not restore it"
+                )
     return problems
 
 
@@ -720,7 +795,10 @@ def unpatch(
             result, ledgers, writes = _plan_unpatch(target, patches, wanted, sites, force)
             result.warnings[:0] = recovered
             if dry_run:
-                result.warnings += [f"an interrupted sm120kit run left {j}: `sm120kit unpatch` finishes it first, so what it restores may differ" for j in transaction.pending(sites)]
+                result.warnings += [
+                    f"an interrupted sm120kit run left {j}: `sm120kit unpatch` finishes it first, so what it restores may differ"
+                    for j in transaction.pending(sites)
+                ]
             if dry_run or any(r.is_error for r in result.rows):
                 return result
             if writes or any(ledger.changed for ledger in ledgers.values()):
@@ -798,12 +876,32 @@ def _plan_restore(target, ledger, key, entry, ids, by_id, force, rows, writes, u
     if new == original:
         updates.append((ledger, key, None))
         proof = recorded or entry.vendor_sha256
-        row.detail = "matches the wheel's RECORD" if sha256(new) == recorded else (
-            "matches the bytes recorded before patching" if sha256(new) == proof else "restored the pre-patch bytes (they differ from RECORD)"
+        row.detail = (
+            "matches the wheel's RECORD"
+            if sha256(new) == recorded
+            else (
+                "matches the bytes recorded before patching"
+                if sha256(new) == proof
+                else "restored the pre-patch bytes (they differ from RECORD)"
+            )
         )
     else:
         remaining = {p.id: p.revision for p, _ in keep}
-        updates.append((ledger, key, FileEntry(entry.package, entry.version, entry.path, entry.vendor_sha256, sha256(new), remaining, entry.patched_at)))
+        updates.append(
+            (
+                ledger,
+                key,
+                FileEntry(
+                    entry.package,
+                    entry.version,
+                    entry.path,
+                    entry.vendor_sha256,
+                    sha256(new),
+                    remaining,
+                    entry.patched_at,
+                ),
+            )
+        )
         row.detail = f"re-applied on the original: {', '.join(remaining)}"
 
 
@@ -813,7 +911,9 @@ def _entry_file(ledger: Ledger, entry: FileEntry, patches: list[Patch], dist: Di
     is damaged or hostile, and nothing is written."""
     declared = {(p.package, r.path) for p in patches for r in p.rewrites}
     if (entry.package, entry.path) not in declared:
-        raise ledger.damaged(f"{entry.package}:{entry.path} is no file that {', '.join(p.id for p in patches)} rewrites")
+        raise ledger.damaged(
+            f"{entry.package}:{entry.path} is no file that {', '.join(p.id for p in patches)} rewrites"
+        )
     if dist is None:
         return None
     path = dist.file(entry.path)
@@ -858,5 +958,14 @@ def _unrecorded_rows(target: Target, result: Plan) -> list[Restore]:
         if dist.key(f.path) in ledger.files:
             continue
         reinstall = f"pip install --force-reinstall --no-deps {dist.name}=={dist.version}"
-        rows.append(Restore(dist.name, dist.version, f.path, [f.patch.id], "no-backup", f"{f.path}: patched code without a ledger entry, so `unpatch` cannot restore it; reinstall: {reinstall}"))
+        rows.append(
+            Restore(
+                dist.name,
+                dist.version,
+                f.path,
+                [f.patch.id],
+                "no-backup",
+                f"{f.path}: patched code without a ledger entry, so `unpatch` cannot restore it; reinstall: {reinstall}",
+            )
+        )
     return rows

@@ -20,7 +20,9 @@ def _flashinfer(dist: Distribution) -> list[Path]:
     root = Path(os.environ.get("FLASHINFER_WORKSPACE_BASE") or Path.home()) / ".cache" / "flashinfer"
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and (p.name == dist.version or p.name.startswith(dist.version + "+")))
+    return sorted(
+        p for p in root.iterdir() if p.is_dir() and (p.name == dist.version or p.name.startswith(dist.version + "+"))
+    )
 
 
 _CACHES = {"flashinfer-python": _flashinfer}
@@ -48,7 +50,4 @@ def remove(dist: Distribution) -> list[Path]:
 
 def built_before(dist: Distribution, when: float) -> list[Path]:
     """Cache directories holding anything built before `when` (a POSIX time)."""
-    return [
-        d for d in cache_dirs(dist)
-        if any(f.is_file() and f.stat().st_mtime < when for f in d.rglob("*"))
-    ]  # fmt: skip
+    return [d for d in cache_dirs(dist) if any(f.is_file() and f.stat().st_mtime < when for f in d.rglob("*"))]

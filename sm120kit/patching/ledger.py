@@ -22,9 +22,9 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from sm120kit import __version__
 from sm120kit.errors import UserError
@@ -110,7 +110,10 @@ class Ledger:
         if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
             found = raw.get("schema") if isinstance(raw, dict) else type(raw).__name__
             if isinstance(found, int) and found > SCHEMA:
-                raise UserError(f"{ledger.path}: ledger schema {found}, this sm120kit reads {SCHEMA}", "upgrade sm120kit (pip install -U sm120kit)")
+                raise UserError(
+                    f"{ledger.path}: ledger schema {found}, this sm120kit reads {SCHEMA}",
+                    "upgrade sm120kit (pip install -U sm120kit)",
+                )
             raise ledger.damaged(f"schema {found!r}, expected {SCHEMA}")
         from sm120kit.errors import problems
         from sm120kit.patching.ledger_schema import LedgerDocument
@@ -253,4 +256,3 @@ class ReadOnly(UserError):
             "patch where the environment is built (a Dockerfile RUN step, or as the owner of the venv); "
             "`sm120kit status` and `sm120kit patch --check` work read-only",
         )
-

@@ -72,4 +72,3 @@ class LedgerDocument(BaseModel):
             if package != allowance.package or not patch_id:
                 raise ValueError(f"allowed_missing key {key!r} is not <package>:<patch id> of its entry")
         return self
-

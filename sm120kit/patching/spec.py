@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Callable, Union
+from typing import TYPE_CHECKING
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -86,7 +87,7 @@ class AnchorMissing:
     reason: str
 
 
-TransformResult = Union[Rewritten, AlreadyApplied, FixedUpstream, AnchorMissing]
+TransformResult = Rewritten | AlreadyApplied | FixedUpstream | AnchorMissing
 Transform = Callable[["cst.Module", Context], TransformResult]
 
 
@@ -109,7 +110,11 @@ class Rewrite:
     @cached_property
     def upper(self) -> tuple[Version, bool] | None:
         """The top of the range: (release, inclusive), or None for an open-ended range."""
-        bounds = [(Version(s.version), s.operator != "<") for s in self._specifiers if s.operator in ("<", "<=", "==", "===") and "*" not in s.version]
+        bounds = [
+            (Version(s.version), s.operator != "<")
+            for s in self._specifiers
+            if s.operator in ("<", "<=", "==", "===") and "*" not in s.version
+        ]
         return min(bounds, key=lambda b: (b[0], not b[1])) if bounds else None
 
     @cached_property

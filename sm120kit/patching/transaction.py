@@ -74,7 +74,10 @@ def commit(ledgers: dict[Path, Ledger], writes: list[FileWrite], op: str) -> Non
                 "tool": f"sm120kit {__version__}",
                 "op": op,
                 "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                "files": [{"package": w.package, "path": w.relpath, "before": sha256(w.before), "after": sha256(w.after)} for w in mine],
+                "files": [
+                    {"package": w.package, "path": w.relpath, "before": sha256(w.before), "after": sha256(w.after)}
+                    for w in mine
+                ],
                 "ledger_after": sha256(docs[site]),
             }
             write_atomic(journal_path(site), (json.dumps(journal, indent=2) + "\n").encode())
@@ -123,7 +126,7 @@ def _roll_back(touched: list[FileWrite], sites: list[Path], committed: dict[Path
             states[w.path] = "rolled back"
         except OSError as exc:
             states[w.path] = f"maybe written ({_reason(exc)}): the next `sm120kit patch` or `unpatch` rolls it back"
-    for site, ledger in committed.items():
+    for ledger in committed.values():
         try:
             if ledger.loaded is None:
                 ledger.path.unlink(missing_ok=True)
@@ -131,7 +134,9 @@ def _roll_back(touched: list[FileWrite], sites: list[Path], committed: dict[Path
                 write_atomic(ledger.path, ledger.loaded)
             states[ledger.path] = "rolled back"
         except OSError as exc:
-            states[ledger.path] = f"maybe written ({_reason(exc)}): the next `sm120kit patch` or `unpatch` rolls it back"
+            states[ledger.path] = (
+                f"maybe written ({_reason(exc)}): the next `sm120kit patch` or `unpatch` rolls it back"
+            )
     if all(s in ("unchanged", "rolled back") for s in states.values()):
         for site in sites:
             with contextlib.suppress(OSError):
@@ -147,7 +152,11 @@ def _write_error(exc: OSError, failed, states: dict[Path, str], writes: list[Fil
         lines.append(f"  {path}: {states.get(path, 'unchanged')}")
     clean = all(s in ("unchanged", "rolled back") for s in states.values())
     lines.append("nothing was changed" if clean else "an interrupted run is recorded in the state directory")
-    hint = "free some space and run the command again" if exc.errno == errno.ENOSPC else "fix the cause and run the command again"
+    hint = (
+        "free some space and run the command again"
+        if exc.errno == errno.ENOSPC
+        else "fix the cause and run the command again"
+    )
     return UserError("\n".join(lines), hint)
 
 
@@ -271,7 +280,8 @@ def _restore(ledger: Ledger, target: Path, before: str, after: str) -> str:
     if old is None:
         raise UserError(
             f"{target} holds the bytes of an interrupted sm120kit run, and the backup {before[:12]} of its old bytes is missing",
-            "reinstall the package it belongs to (pip install --force-reinstall --no-deps ...), then remove " + str(journal_path(ledger.site)),
+            "reinstall the package it belongs to (pip install --force-reinstall --no-deps ...), then remove "
+            + str(journal_path(ledger.site)),
         )
     _replace(target, old)
     return f"  {target}: rolled back"

@@ -28,7 +28,9 @@ SWITCHES = {"store_true", "store_false", "store_const", "append_const", "count",
 MUTATORS = {"add", "append", "extend", "insert", "update", "remove", "discard", "pop", "clear"}
 SCALARS = {"int": "int", "float": "float", "str": "str", "nullable_str": "str", "bool": "bool"}
 # "Use --x=y instead", "(Deprecated, use --x)", "Alias for --x value.": a replacement named in prose
-REPLACEMENT = re.compile(r"(?:\buse|alias for)\s+(--[\w-]+(?:=[^\s)'\",;]+|\s(?!instead)\w+(?=[.)]|$))?)", re.IGNORECASE)
+REPLACEMENT = re.compile(
+    r"(?:\buse|alias for)\s+(--[\w-]+(?:=[^\s)'\",;]+|\s(?!instead)\w+(?=[.)]|$))?)", re.IGNORECASE
+)
 UNKNOWN = object()  # what reading the source cannot tell
 
 
@@ -138,7 +140,10 @@ class _Reader:
 
     def value(self, node: ast.AST, mod: str, cls: ast.ClassDef | None = None, depth: int = 0):
         """The Python value of a constant expression (lists, strings, numbers), else UNKNOWN."""
-        again = lambda n: self.value(n, mod, cls, depth + 1) if depth < 12 else UNKNOWN
+
+        def again(n):
+            return self.value(n, mod, cls, depth + 1) if depth < 12 else UNKNOWN
+
         if isinstance(node, ast.Constant):
             return node.value
         if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
@@ -211,7 +216,9 @@ class _Builder:
 
     def add(self, names: list[str], kw: dict[str, ast.AST], mod: str, type_: str | None, choices) -> None:
         action = kw.get("action")
-        said = {k: self.reader.value(v, mod) for k, v in kw.items() if k in ("help", "new_flag", "nargs", "error_message")}
+        said = {
+            k: self.reader.value(v, mod) for k, v in kw.items() if k in ("help", "new_flag", "nargs", "error_message")
+        }
         if "nargs" in kw:
             takes_value = said["nargs"] != 0
         elif action is None or isinstance(action, ast.Constant) or _leaf(action) in SWITCHES:
@@ -227,7 +234,9 @@ class _Builder:
         replacement = said["new_flag"] if isinstance(said.get("new_flag"), str) else next(iter(named), None)
         if names and names[0] not in self.flags:
             type_, replacement = (type_ if takes_value else "bool"), (replacement if deprecated else None)
-            self.flags[names[0]] = Flag(names[0], tuple(names[1:]), takes_value, type_, choices, deprecated, replacement)
+            self.flags[names[0]] = Flag(
+                names[0], tuple(names[1:]), takes_value, type_, choices, deprecated, replacement
+            )
 
     def add_argument(self, call: ast.Call, mod: str) -> None:
         names = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]

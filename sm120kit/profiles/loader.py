@@ -69,7 +69,8 @@ def list_profiles(dirs: list[str] | None = None) -> list[tuple[str, Path, str]]:
 def _unknown_profile(name: str, index: dict[str, Path], where: str = "") -> UserError:
     near = difflib.get_close_matches(name, index, n=1)
     return UserError(
-        f"{where}unknown profile {name!r}" + (f"; did you mean {near[0]!r}?" if near else "")
+        f"{where}unknown profile {name!r}"
+        + (f"; did you mean {near[0]!r}?" if near else "")
         + f"; known: {', '.join(sorted(index)) or 'none'}",
         f"check the spelling, or add its directory with --profile-dir DIR or ${ENV_VAR}",
     )
@@ -79,13 +80,19 @@ def _read(path: Path) -> dict:
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path}: TOML syntax error: {exc}", "fix the file there (TOML: key = value; strings in quotes)") from None
+        raise UserError(
+            f"{path}: TOML syntax error: {exc}", "fix the file there (TOML: key = value; strings in quotes)"
+        ) from None
     except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})", "save the file as UTF-8") from None
+        raise UserError(
+            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})", "save the file as UTF-8"
+        ) from None
     except RecursionError:
         raise UserError(f"{path}: nested too deeply to read", "flatten the arrays/tables in the file") from None
     except OSError as exc:
-        raise UserError(f"{path}: cannot be read ({exc.strerror or exc})", "check the file and its permissions") from None
+        raise UserError(
+            f"{path}: cannot be read ({exc.strerror or exc})", "check the file and its permissions"
+        ) from None
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -127,7 +134,7 @@ def _resolve(name: str, path: Path, index: dict[str, Path], chain: list[str]) ->
     origins: dict[Path_, str] = {}
     for parent in _extends(own, path):
         if parent in chain:
-            cycle = " -> ".join([*chain[chain.index(parent):], parent])
+            cycle = " -> ".join([*chain[chain.index(parent) :], parent])
             raise UserError(f"{path}: extends cycle: {cycle}", "remove one of these extends")
         if parent not in index:
             raise _unknown_profile(parent, index, f"{path}: extends: ")
@@ -139,6 +146,7 @@ def _resolve(name: str, path: Path, index: dict[str, Path], chain: list[str]) ->
 
 
 # -- the shape of Profile, for --set paths, suggestions and "expected ..." -----------------
+
 
 def _fields(model: type[BaseModel]) -> list[str]:
     return [k for k in model.model_fields if not (model is Profile and k in LOADER_FIELDS)]
@@ -162,7 +170,7 @@ def _type_at(path: Path_) -> Any:
 
 
 def _expected(t: Any) -> str:
-    if isinstance(t, type) and issubclass(t, BaseModel) or get_origin(t) is dict:
+    if (isinstance(t, type) and issubclass(t, BaseModel)) or get_origin(t) is dict:
         return "a table"
     if get_origin(t) is list:
         return f"an array of {_expected(get_args(t)[0]).split(' ', 1)[1]}s"
@@ -194,20 +202,30 @@ def _unknown_key(path: Path_, depth: int, options: list[str]) -> tuple[str, str]
         return f"{_dotted(path)}: {_dotted(prefix)} is a value, not a table", f"set {_dotted(prefix)} itself"
     near = difflib.get_close_matches(key, options, n=1, cutoff=0.6)
     if near:
-        return f"unknown key {_dotted(path[: depth + 1])}; did you mean {_dotted((*prefix, near[0]))}?", f"rename it to {near[0]}"
+        return (
+            f"unknown key {_dotted(path[: depth + 1])}; did you mean {_dotted((*prefix, near[0]))}?",
+            f"rename it to {near[0]}",
+        )
     where = f"under [{_dotted(prefix)}]" if prefix else "at the top level"
     return f"unknown key {_dotted(path[: depth + 1])}", f"valid keys {where}: {', '.join(options)}"
 
 
 # -- --set -------------------------------------------------------------------------------
 
+
 def _parse_set(item: str) -> tuple[Path_, Any]:
     key, sep, raw = item.partition("=")
     path = tuple(key.strip().split("."))
     if not sep or not all(path):
-        raise UserError(f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. engine.max_running_requests=256", "write --set a.b=value")
+        raise UserError(
+            f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. engine.max_running_requests=256",
+            "write --set a.b=value",
+        )
     if path[0] == "extends":
-        raise UserError(f"--set {item!r}: extends cannot be set with --set", "write extends in a profile file, or load the profile it names")
+        raise UserError(
+            f"--set {item!r}: extends cannot be set with --set",
+            "write extends in a profile file, or load the profile it names",
+        )
     try:
         t = _type_at(path)
     except LookupError as exc:
@@ -241,11 +259,14 @@ def _nest(path: Path_, value: Any) -> dict:
 
 # -- validation errors -------------------------------------------------------------------
 
+
 def _data_path(loc: tuple, data: Any) -> Path_:
     """The part of a pydantic error location that names keys in the data (drops union tags)."""
     path: list = []
     for key in loc:
-        if isinstance(data, dict) and key in data or isinstance(data, list) and isinstance(key, int) and 0 <= key < len(data):
+        if (isinstance(data, dict) and key in data) or (
+            isinstance(data, list) and isinstance(key, int) and 0 <= key < len(data)
+        ):
             path.append(key)
             data = data[key]
         else:
@@ -283,7 +304,11 @@ def _describe(err: dict, data: dict) -> tuple[Path_, str, str]:
     where = _dotted(path) or "(profile)"
     if err["type"] == "owned_flag":  # extra_args naming a flag that a field renders
         owner = err["ctx"]["owner"]
-        return path, f"{where}: {err['msg']}", f"remove {path[-1]} from [extra_args]" + (f" and set {owner}" if owner else "")
+        return (
+            path,
+            f"{where}: {err['msg']}",
+            f"remove {path[-1]} from [extra_args]" + (f" and set {owner}" if owner else ""),
+        )
     if err["type"] == "value_error":
         message = err["msg"].removeprefix("Value error, ")
         return path, message if message.startswith(where + ".") else f"{where}: {message}", "fix the value"
@@ -292,19 +317,32 @@ def _describe(err: dict, data: dict) -> tuple[Path_, str, str]:
     note = f"; allowed: {allowed}" if allowed else ""
     value = err.get("input")
     if isinstance(value, float) and not math.isfinite(value):
-        return path, f"{where}: {_show(value)} is not a finite number{note}", f"write {where.rsplit('.', 1)[-1]} as a finite number"
+        return (
+            path,
+            f"{where}: {_show(value)} is not a finite number{note}",
+            f"write {where.rsplit('.', 1)[-1]} as a finite number",
+        )
     try:
         expected = _expected(_type_at(path))
     except LookupError:
         expected = "another value"
     if err["type"].endswith("_type") or err["type"] in ("int_from_float", "union_tag_invalid"):
-        return path, f"{where}: expected {expected}, got {_show(value)}{note}", f"write {where.rsplit('.', 1)[-1]} as {expected}"
-    return path, f"{where}: {err['msg']} (got {_show(value)}){note}", "fix the value" + (f" ({allowed})" if allowed else "")
+        return (
+            path,
+            f"{where}: expected {expected}, got {_show(value)}{note}",
+            f"write {where.rsplit('.', 1)[-1]} as {expected}",
+        )
+    return (
+        path,
+        f"{where}: {err['msg']} (got {_show(value)}){note}",
+        "fix the value" + (f" ({allowed})" if allowed else ""),
+    )
 
 
 def _validate(name: str, source: str, data: dict, origins: dict[Path_, str]) -> Profile:
     reported: list[tuple[Path_, str, str]] = [
-        ((key,), f"unknown key {key} ({key} is set by sm120kit)", "remove it") for key in sorted(LOADER_FIELDS & data.keys())
+        ((key,), f"unknown key {key} ({key} is set by sm120kit)", "remove it")
+        for key in sorted(LOADER_FIELDS & data.keys())
     ]
     try:
         profile = Profile.model_validate({k: v for k, v in data.items() if k not in LOADER_FIELDS})
@@ -327,6 +365,7 @@ def _validate(name: str, source: str, data: dict, origins: dict[Path_, str]) -> 
 
 
 # -- the public entry points -------------------------------------------------------------
+
 
 def load_profile(name: str, dirs: list[str] | None = None, sets: list[str] | None = None) -> Profile:
     """The profile `name` (or a path ending in .toml) with its extends resolved, the --set

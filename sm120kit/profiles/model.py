@@ -67,14 +67,18 @@ FLAG_OWNERS: dict[str, str] = {
     "--max-running-requests": "engine.max_running_requests",
     "--mem-fraction-static": "engine.mem_fraction_static",
     "--chunked-prefill-size": "engine.chunked_prefill_size",
-    **dict.fromkeys(("--disable-cuda-graph", "--cuda-graph-backend-decode", "--cuda-graph-backend-prefill"), "engine.cuda_graphs"),
+    **dict.fromkeys(
+        ("--disable-cuda-graph", "--cuda-graph-backend-decode", "--cuda-graph-backend-prefill"), "engine.cuda_graphs"
+    ),
     **dict.fromkeys(("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"), "engine.cuda_graph_max_bs"),
     "--disable-radix-cache": "engine.radix_cache",
     "--disable-shared-experts-fusion": "engine.disable_shared_experts_fusion",
     "--disable-flashinfer-autotune": "engine.flashinfer_autotune",
     "--host": "server.host",
     "--port": "server.port",
-    **dict.fromkeys(("--api-key", "--config"), "server.api_key_env"),  # the key reaches sglang in sm120kit's own --config file
+    **dict.fromkeys(
+        ("--api-key", "--config"), "server.api_key_env"
+    ),  # the key reaches sglang in sm120kit's own --config file
     "--admin-api-key": "",  # a secret with no field: never in argv, where every user can read it
 }
 
@@ -99,14 +103,20 @@ FlagKey = Annotated[str, AfterValidator(_not_owned)]
 def allowed_range(field: FieldInfo) -> str | None:
     """The bounds of a number field in words: "an integer from 1 to 1024", "a number
     above 0 and at most 86400"; None for a field without bounds."""
-    bound = {k: getattr(m, k) for m in field.metadata for k in ("gt", "ge", "lt", "le") if getattr(m, k, None) is not None}
+    bound = {
+        k: getattr(m, k) for m in field.metadata for k in ("gt", "ge", "lt", "le") if getattr(m, k, None) is not None
+    }
     if not bound:
         return None
     number = "an integer" if int in (field.annotation, *getattr(field.annotation, "__args__", ())) else "a number"
     if "ge" in bound and "le" in bound:
         return f"{number} from {_plain(bound['ge'])} to {_plain(bound['le'])}"
-    low = f"above {_plain(bound['gt'])}" if "gt" in bound else f"at least {_plain(bound['ge'])}" if "ge" in bound else ""
-    high = f"below {_plain(bound['lt'])}" if "lt" in bound else f"at most {_plain(bound['le'])}" if "le" in bound else ""
+    low = (
+        f"above {_plain(bound['gt'])}" if "gt" in bound else f"at least {_plain(bound['ge'])}" if "ge" in bound else ""
+    )
+    high = (
+        f"below {_plain(bound['lt'])}" if "lt" in bound else f"at most {_plain(bound['le'])}" if "le" in bound else ""
+    )
     return f"{number} " + " and ".join(w for w in (low, high) if w)
 
 
@@ -131,7 +141,9 @@ class Node(BaseModel):
     compute_capability: str | None = Field(
         None, pattern=r"^\d+\.\d+$", description='Compute capability the profile is meant for, e.g. "12.0" (SM120).'
     )
-    gpu_memory_gb: int | None = Field(None, ge=1, le=MAX_GB, description="Memory of each GPU in GB that the profile is sized for, e.g. 96.")
+    gpu_memory_gb: int | None = Field(
+        None, ge=1, le=MAX_GB, description="Memory of each GPU in GB that the profile is sized for, e.g. 96."
+    )
 
 
 class Model(BaseModel):
@@ -140,9 +152,15 @@ class Model(BaseModel):
     path: str | None = Field(None, description="Model directory or Hugging Face repo id (--model-path).")
     served_name: str | None = Field(None, description="Name clients use in requests (--served-model-name).")
     quantization: str | None = Field(None, description='Quantization method, e.g. "modelopt_fp4" (--quantization).')
-    trust_remote_code: bool = Field(False, description="Run the model repository's own Python code (--trust-remote-code).")
-    context_length: int | None = Field(None, ge=1, le=MAX_TOKENS, description="Maximum context length in tokens (--context-length).")
-    size_gb: int | None = Field(None, ge=1, le=MAX_GB, description="The checkpoint's size on disk in GB (doctor checks the free space for it).")
+    trust_remote_code: bool = Field(
+        False, description="Run the model repository's own Python code (--trust-remote-code)."
+    )
+    context_length: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="Maximum context length in tokens (--context-length)."
+    )
+    size_gb: int | None = Field(
+        None, ge=1, le=MAX_GB, description="The checkpoint's size on disk in GB (doctor checks the free space for it)."
+    )
 
 
 class Parallel(BaseModel):
@@ -151,10 +169,14 @@ class Parallel(BaseModel):
     tp: int = Field(1, ge=1, le=MAX_PARALLEL, description="Tensor parallel size (--tp-size).")
     pp: int = Field(1, ge=1, le=MAX_PARALLEL, description="Pipeline parallel size (--pp-size).")
     dp: int = Field(1, ge=1, le=MAX_PARALLEL, description="Data parallel size (--dp-size).")
-    ep: int | None = Field(None, ge=1, le=MAX_PARALLEL, description="Expert parallel size (--ep-size); unset: sglang's default.")
+    ep: int | None = Field(
+        None, ge=1, le=MAX_PARALLEL, description="Expert parallel size (--ep-size); unset: sglang's default."
+    )
     nnodes: int = Field(1, ge=1, le=MAX_PARALLEL, description="Number of nodes the server spans (--nnodes).")
     node_rank: int = Field(0, ge=0, le=MAX_PARALLEL - 1, description="Rank of this node, 0 .. nnodes-1 (--node-rank).")
-    dist_init_addr: str | None = Field(None, description='host:port of rank 0 for a multi-node server, e.g. "10.0.0.1:5000" (--dist-init-addr).')
+    dist_init_addr: str | None = Field(
+        None, description='host:port of rank 0 for a multi-node server, e.g. "10.0.0.1:5000" (--dist-init-addr).'
+    )
 
     @model_validator(mode="after")
     def _rank_in_range(self) -> Parallel:
@@ -166,24 +188,59 @@ class Parallel(BaseModel):
 class Engine(BaseModel):
     model_config = STRICT
 
-    moe_runner_backend: str | None = Field(None, description='MoE runner backend, e.g. "flashinfer_cutlass" (--moe-runner-backend).')
-    attention_backend: str | None = Field(None, description='Attention backend, e.g. "flashinfer" (--attention-backend).')
-    prefill_attention_backend: str | None = Field(None, description="Attention backend for prefill only (--prefill-attention-backend).")
-    decode_attention_backend: str | None = Field(None, description="Attention backend for decode only (--decode-attention-backend).")
-    dsa_prefill_backend: str | None = Field(None, description="DeepSeek Sparse Attention prefill backend (--dsa-prefill-backend; --nsa-* before sglang 0.5.13).")
-    dsa_decode_backend: str | None = Field(None, description="DeepSeek Sparse Attention decode backend (--dsa-decode-backend; --nsa-* before sglang 0.5.13).")
-    kv_cache_dtype: str | None = Field(None, description='KV cache data type, e.g. "auto", "fp8_e4m3", "bf16" (--kv-cache-dtype).')
+    moe_runner_backend: str | None = Field(
+        None, description='MoE runner backend, e.g. "flashinfer_cutlass" (--moe-runner-backend).'
+    )
+    attention_backend: str | None = Field(
+        None, description='Attention backend, e.g. "flashinfer" (--attention-backend).'
+    )
+    prefill_attention_backend: str | None = Field(
+        None, description="Attention backend for prefill only (--prefill-attention-backend)."
+    )
+    decode_attention_backend: str | None = Field(
+        None, description="Attention backend for decode only (--decode-attention-backend)."
+    )
+    dsa_prefill_backend: str | None = Field(
+        None,
+        description="DeepSeek Sparse Attention prefill backend (--dsa-prefill-backend; --nsa-* before sglang 0.5.13).",
+    )
+    dsa_decode_backend: str | None = Field(
+        None,
+        description="DeepSeek Sparse Attention decode backend (--dsa-decode-backend; --nsa-* before sglang 0.5.13).",
+    )
+    kv_cache_dtype: str | None = Field(
+        None, description='KV cache data type, e.g. "auto", "fp8_e4m3", "bf16" (--kv-cache-dtype).'
+    )
     fp4_gemm_backend: str | None = Field(None, description="FP4 GEMM backend (--fp4-gemm-backend).")
-    cuda_graphs: bool = Field(True, description="Capture CUDA graphs; false disables them in the spelling the installed sglang wants.")
-    cuda_graph_max_bs: int | None = Field(None, ge=1, le=MAX_REQUESTS, description="Largest batch size captured in a CUDA graph (--cuda-graph-max-bs).")
+    cuda_graphs: bool = Field(
+        True, description="Capture CUDA graphs; false disables them in the spelling the installed sglang wants."
+    )
+    cuda_graph_max_bs: int | None = Field(
+        None, ge=1, le=MAX_REQUESTS, description="Largest batch size captured in a CUDA graph (--cuda-graph-max-bs)."
+    )
     radix_cache: bool = Field(True, description="Prefix (radix) cache; false passes --disable-radix-cache.")
-    max_running_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS, description="Maximum concurrent requests (--max-running-requests).")
-    mem_fraction_static: float | None = Field(None, gt=0, lt=1, description="Fraction of GPU memory for weights and KV cache, 0 < x < 1 (--mem-fraction-static).")
-    chunked_prefill_size: int | None = Field(None, ge=-1, le=MAX_TOKENS, description="Tokens per prefill chunk; -1 disables chunked prefill (--chunked-prefill-size).")
+    max_running_requests: int | None = Field(
+        None, ge=1, le=MAX_REQUESTS, description="Maximum concurrent requests (--max-running-requests)."
+    )
+    mem_fraction_static: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Fraction of GPU memory for weights and KV cache, 0 < x < 1 (--mem-fraction-static).",
+    )
+    chunked_prefill_size: int | None = Field(
+        None,
+        ge=-1,
+        le=MAX_TOKENS,
+        description="Tokens per prefill chunk; -1 disables chunked prefill (--chunked-prefill-size).",
+    )
     disable_shared_experts_fusion: bool = Field(False, description="Pass --disable-shared-experts-fusion.")
-    flashinfer_autotune: bool = Field(True, description="FlashInfer autotuning at startup; false passes --disable-flashinfer-autotune.")
+    flashinfer_autotune: bool = Field(
+        True, description="FlashInfer autotuning at startup; false passes --disable-flashinfer-autotune."
+    )
     insist_kv_cache_dtype: bool = Field(
-        False, description="Keep kv_cache_dtype even where sm120kit would warn and change it (a combination known to give wrong output)."
+        False,
+        description="Keep kv_cache_dtype even where sm120kit would warn and change it (a combination known to give wrong output).",
     )
 
     @field_validator("chunked_prefill_size")
@@ -197,20 +254,27 @@ class Engine(BaseModel):
 class Server(BaseModel):
     model_config = STRICT
 
-    host: str = Field("127.0.0.1", min_length=1, description="Address to bind (--host). Anything but loopback needs api_key_env.")
+    host: str = Field(
+        "127.0.0.1", min_length=1, description="Address to bind (--host). Anything but loopback needs api_key_env."
+    )
     port: int = Field(30000, ge=1, le=65535, description="Port to bind (--port).")
     api_key_env: str | None = Field(
         None,
         json_schema_extra={"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
         description="NAME of the environment variable that holds the API key (never the key itself); passed as --api-key at launch.",
     )
-    allow_public_without_key: bool = Field(False, description="Allow a non-loopback host without api_key_env (anyone who reaches the port can use the server).")
+    allow_public_without_key: bool = Field(
+        False,
+        description="Allow a non-loopback host without api_key_env (anyone who reaches the port can use the server).",
+    )
 
     @field_validator("api_key_env")
     @classmethod
     def _key_is_a_name(cls, value: str | None) -> str | None:
         if value is not None and not ENV_NAME.fullmatch(value):
-            raise ValueError("must be the NAME of an environment variable that holds the key (e.g. SGLANG_API_KEY), not the key itself")
+            raise ValueError(
+                "must be the NAME of an environment variable that holds the key (e.g. SGLANG_API_KEY), not the key itself"
+            )
         return value
 
     @model_validator(mode="after")
@@ -226,20 +290,41 @@ class Server(BaseModel):
 class Health(BaseModel):
     model_config = STRICT
 
-    startup_timeout_s: float = Field(1800.0, gt=0, le=MAX_SECONDS, description="Seconds to wait until the server generates (a 440 GB load takes a while).")
+    startup_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        le=MAX_SECONDS,
+        description="Seconds to wait until the server generates (a 440 GB load takes a while).",
+    )
     probe_interval_s: float = Field(10.0, gt=0, le=MAX_SECONDS, description="Seconds between liveness probes.")
     probe_timeout_s: float = Field(20.0, gt=0, le=MAX_SECONDS, description="Seconds one probe may take.")
-    failures_before_restart: int = Field(3, ge=1, le=MAX_COUNT, description="Consecutive failed probes before the server is restarted.")
+    failures_before_restart: int = Field(
+        3, ge=1, le=MAX_COUNT, description="Consecutive failed probes before the server is restarted."
+    )
     max_restarts: int = Field(5, ge=0, le=MAX_COUNT, description="Restarts before giving up (crash-loop limit).")
-    backoff_initial_s: float = Field(5.0, gt=0, le=MAX_SECONDS, description="First delay before a restart; doubles each time.")
+    backoff_initial_s: float = Field(
+        5.0, gt=0, le=MAX_SECONDS, description="First delay before a restart; doubles each time."
+    )
     backoff_max_s: float = Field(300.0, gt=0, le=MAX_SECONDS, description="Longest delay between restarts.")
-    stable_after_s: float = Field(600.0, gt=0, le=MAX_SECONDS, description="A run that stayed ready this long resets the crash-loop count and the backoff.")
-    stop_timeout_s: float = Field(60.0, gt=0, le=MAX_SECONDS, description="Seconds between SIGTERM to the server's processes and SIGKILL (sglang's own drain has no deadline).")
+    stable_after_s: float = Field(
+        600.0,
+        gt=0,
+        le=MAX_SECONDS,
+        description="A run that stayed ready this long resets the crash-loop count and the backoff.",
+    )
+    stop_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=MAX_SECONDS,
+        description="Seconds between SIGTERM to the server's processes and SIGKILL (sglang's own drain has no deadline).",
+    )
 
     @model_validator(mode="after")
     def _backoff_order(self) -> Health:
         if self.backoff_max_s < self.backoff_initial_s:
-            raise ValueError(f"health.backoff_max_s = {self.backoff_max_s} is less than health.backoff_initial_s = {self.backoff_initial_s}")
+            raise ValueError(
+                f"health.backoff_max_s = {self.backoff_max_s} is less than health.backoff_initial_s = {self.backoff_initial_s}"
+            )
         return self
 
 
@@ -248,16 +333,25 @@ class Profile(BaseModel):
 
     description: str = Field("", description="One line shown in the profile listing.")
     extends: str | list[str] | None = Field(
-        None, description="Profile(s) to start from, applied in order, then this file on top (tables merge, lists replace)."
+        None,
+        description="Profile(s) to start from, applied in order, then this file on top (tables merge, lists replace).",
     )
-    sglang: str | None = Field(None, description='PEP 440 range of sglang releases the profile was proven on, e.g. ">=0.5.9,<0.5.24".')
-    patches: list[str] = Field(default_factory=list, description="Ids of the sm120kit patches the profile needs (see `sm120kit patches`).")
+    sglang: str | None = Field(
+        None, description='PEP 440 range of sglang releases the profile was proven on, e.g. ">=0.5.9,<0.5.24".'
+    )
+    patches: list[str] = Field(
+        default_factory=list, description="Ids of the sm120kit patches the profile needs (see `sm120kit patches`)."
+    )
     node: Node = Field(default_factory=Node, description="The hardware the profile is meant for.")
     model: Model = Field(default_factory=Model, description="The model to serve.")
-    parallel: Parallel = Field(default_factory=Parallel, description="Tensor/pipeline/data/expert parallelism and nodes.")
+    parallel: Parallel = Field(
+        default_factory=Parallel, description="Tensor/pipeline/data/expert parallelism and nodes."
+    )
     engine: Engine = Field(default_factory=Engine, description="Kernels, caches and memory of the sglang engine.")
     server: Server = Field(default_factory=Server, description="Where the HTTP server listens, and its API key.")
-    env: dict[str, str] = Field(default_factory=dict, description='Environment for the server process, e.g. NCCL_P2P_LEVEL = "SYS".')
+    env: dict[str, str] = Field(
+        default_factory=dict, description='Environment for the server process, e.g. NCCL_P2P_LEVEL = "SYS".'
+    )
     health: Health = Field(default_factory=Health, description="Startup budget, liveness probes and restart policy.")
     extra_args: dict[FlagKey, ExtraValue] = Field(
         default_factory=dict,
@@ -289,5 +383,7 @@ class Profile(BaseModel):
     def _flag_names(cls, value: dict[FlagKey, ExtraValue]) -> dict[FlagKey, ExtraValue]:
         bad = [k for k in value if not FLAG_NAME.fullmatch(k)]
         if bad:
-            raise ValueError(f"{', '.join(map(repr, bad))}: keys must be flags that start with \"--\", e.g. \"--enable-metrics\"")
+            raise ValueError(
+                f'{", ".join(map(repr, bad))}: keys must be flags that start with "--", e.g. "--enable-metrics"'
+            )
         return value

@@ -87,7 +87,10 @@ class _Argv:
             return
         spelling, flag = usable[0]
         if not current:
-            self.warnings.append(f"{key}: {spelling} is deprecated in sglang {self.version}" + (f"; use {flag.replacement}" if flag.replacement else ""))
+            self.warnings.append(
+                f"{key}: {spelling} is deprecated in sglang {self.version}"
+                + (f"; use {flag.replacement}" if flag.replacement else "")
+            )
         if value is BARE:
             if flag.takes_value:
                 self.errors.append(f"{key}: {spelling} takes a value in sglang {self.version}")
@@ -99,7 +102,9 @@ class _Argv:
             return
         text = str(value).lower() if isinstance(value, bool) else str(value)
         if flag.choices is not None and text not in flag.choices:
-            self.errors.append(f"{key} = {text!r}: sglang {self.version} accepts {', '.join(flag.choices)} for {spelling}")
+            self.errors.append(
+                f"{key} = {text!r}: sglang {self.version} accepts {', '.join(flag.choices)} for {spelling}"
+            )
             return
         self.argv += [spelling, text]
 
@@ -138,7 +143,9 @@ def unservable(profile: Profile) -> list[str]:
     if nodes == 1 and total != gpus:
         problems.append(f"{counted} = {total} GPU{'s' * (total != 1)}, but node.gpus = {gpus}")
     elif nodes > 1 and total != gpus * nodes:
-        problems.append(f"{counted} = {total} GPUs over parallel.nnodes = {nodes} is {total / nodes:g} per node, but node.gpus = {gpus}")
+        problems.append(
+            f"{counted} = {total} GPUs over parallel.nnodes = {nodes} is {total / nodes:g} per node, but node.gpus = {gpus}"
+        )
     return problems
 
 
@@ -222,7 +229,9 @@ def render(profile: Profile, schema: FlagSchema, python: str = "python3") -> Lau
         spec = schema.get(flag)
         if spec is not None and spec.name in owned:  # another spelling of a flag that a field sets
             owner = owned[spec.name]
-            out.errors.append(f"extra_args.{flag!r}: sglang {schema.version} reads it as {spec.name}: {owned_flag_problem(spec.name, owner)}")
+            out.errors.append(
+                f"extra_args.{flag!r}: sglang {schema.version} reads it as {spec.name}: {owned_flag_problem(spec.name, owner)}"
+            )
             continue
         if value is None or value is False:
             continue
@@ -230,10 +239,13 @@ def render(profile: Profile, schema: FlagSchema, python: str = "python3") -> Lau
 
     if out.errors:
         raise UserError(
-            f"profile {profile.name} ({profile.source}) does not fit sglang {schema.version}:\n  " + "\n  ".join(out.errors),
+            f"profile {profile.name} ({profile.source}) does not fit sglang {schema.version}:\n  "
+            + "\n  ".join(out.errors),
             f"fix the profile or override with --set; `sm120kit profile show {profile.name}` prints what it resolved to",
         )
-    return Launch([python, "-m", "sglang.launch_server", *out.argv], dict(profile.env), schema.version, warnings + out.warnings)
+    return Launch(
+        [python, "-m", "sglang.launch_server", *out.argv], dict(profile.env), schema.version, warnings + out.warnings
+    )
 
 
 def _owned_flags(schema: FlagSchema) -> dict[str, str]:

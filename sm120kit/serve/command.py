@@ -22,11 +22,15 @@ KEY_FILE = "api-key.yaml"  # the API key for sglang's --config, in the private r
 
 def print_checks(checks: list[preflight.Check], out=sys.stdout) -> None:
     for c in checks:
-        out.write(f"  {MARKS[c.ok]} {c.name}: {c.detail}\n" + (f"       -> {c.hint}\n" if c.hint and c.ok is not True else ""))
+        out.write(
+            f"  {MARKS[c.ok]} {c.name}: {c.detail}\n" + (f"       -> {c.hint}\n" if c.hint and c.ok is not True else "")
+        )
     out.flush()
 
 
-def resolve_argv(launch: Launch, env: dict[str, str], key_file: Path | None = None) -> tuple[list[str], list[str], str | None]:
+def resolve_argv(
+    launch: Launch, env: dict[str, str], key_file: Path | None = None
+) -> tuple[list[str], list[str], str | None]:
     """(argv to run, argv to show, api key): the key comes from the environment at launch.
     With key_file, the key goes into that YAML file (mode 0600) and sglang reads it with
     `--config` (every release 0.5.9+), so the process list shows a path, not the key."""
@@ -34,7 +38,10 @@ def resolve_argv(launch: Launch, env: dict[str, str], key_file: Path | None = No
     argv, shown = [], []
     for a in launch.argv:
         if isinstance(a, EnvRef):
-            key, i = env.get(a.name, ""), len(argv)  # its place, not a search for its text: "127.0.0.1" may be --host's too
+            key, i = (
+                env.get(a.name, ""),
+                len(argv),
+            )  # its place, not a search for its text: "127.0.0.1" may be --host's too
             argv.append(key)
             shown.append(f"${a.name}")
         else:
@@ -71,17 +78,32 @@ def keep_secret(secret: str | None, name: str):
     except Exception as exc:
         if secret and _mentions(exc, secret):
             text = str(exc).replace(secret, name) if secret in str(exc) else str(exc)
-            raise SecretScrubbed(f"{type(exc).__name__}: {text} (the original traceback mentioned the API key: withheld)") from None
+            raise SecretScrubbed(
+                f"{type(exc).__name__}: {text} (the original traceback mentioned the API key: withheld)"
+            ) from None
         raise
 
 
 def run_checks(profile, launch: Launch, target, args) -> tuple[list[preflight.Check], dict[str, str]]:
     env = preflight.server_env(launch.env)
-    checks = [preflight.Check("profile", True, f"renders for sglang {launch.sglang}" + (f" ({len(launch.warnings)} warning(s) above)" if launch.warnings else ""))]
+    checks = [
+        preflight.Check(
+            "profile",
+            True,
+            f"renders for sglang {launch.sglang}"
+            + (f" ({len(launch.warnings)} warning(s) above)" if launch.warnings else ""),
+        )
+    ]
     checks += preflight.run(
-        profile, target, env, patch_dirs=args.patch_dir, patch_check=not args.no_patch_check,
-        gpu_check=not args.no_gpu_check, kill_stale=args.kill_stale, allow_missing=frozenset(args.allow_missing),
-    )  # fmt: skip
+        profile,
+        target,
+        env,
+        patch_dirs=args.patch_dir,
+        patch_check=not args.no_patch_check,
+        gpu_check=not args.no_gpu_check,
+        kill_stale=args.kill_stale,
+        allow_missing=frozenset(args.allow_missing),
+    )
     return checks, env
 
 
@@ -104,8 +126,10 @@ def serve(profile, launch: Launch, target, args) -> int:
             "`sm120kit ps` shows it; stop it with `kill -TERM <pid>` (or Ctrl-C in its terminal)",
         ) from None
     except OSError as exc:  # a full or read-only disk under the state directory
-        raise UserError(f"cannot set up the run directory {directory}: {exc.strerror or exc}; nothing was started",
-                        f"free space there, or point ${ENV_VAR} at another disk") from None  # fmt: skip
+        raise UserError(
+            f"cannot set up the run directory {directory}: {exc.strerror or exc}; nothing was started",
+            f"free space there, or point ${ENV_VAR} at another disk",
+        ) from None
     key_file = record.dir / KEY_FILE
     try:
         if key_file.exists() or key_file.is_symlink():
@@ -119,17 +143,30 @@ def serve(profile, launch: Launch, target, args) -> int:
         failed = [c for c in checks if c.ok is False]
         record.event("preflight", ok=not failed, checks=[c.as_json() for c in checks])
         if failed:
-            print(f"sm120kit: refusing to start {profile.name}: {len(failed)} preflight check(s) failed (see above)", file=sys.stderr)
+            print(
+                f"sm120kit: refusing to start {profile.name}: {len(failed)} preflight check(s) failed (see above)",
+                file=sys.stderr,
+            )
             return 2
         try:
             argv, shown, key = resolve_argv(launch, env, key_file if _has_config_flag(target) else None)
         except OSError as exc:
-            raise UserError(f"cannot write the API key file {key_file}: {exc.strerror or exc}; nothing was started",
-                            f"free space under {record.dir}, or point ${ENV_VAR} at another disk") from None  # fmt: skip
+            raise UserError(
+                f"cannot write the API key file {key_file}: {exc.strerror or exc}; nothing was started",
+                f"free space under {record.dir}, or point ${ENV_VAR} at another disk",
+            ) from None
         server = Server(
-            profile.name, argv, shown, env, probe_host(profile.server.host), profile.server.port,
-            preflight.port_plan(profile), api_key=key, api_key_env=profile.server.api_key_env, check_gpus=not args.no_gpu_check,
-        )  # fmt: skip
+            profile.name,
+            argv,
+            shown,
+            env,
+            probe_host(profile.server.host),
+            profile.server.port,
+            preflight.port_plan(profile),
+            api_key=key,
+            api_key_env=profile.server.api_key_env,
+            check_gpus=not args.no_gpu_check,
+        )
         with keep_secret(key, f"${profile.server.api_key_env}"):
             return Supervisor(server, Policy.from_health(profile.health), record, echo=not args.quiet).run()
     finally:

@@ -6,7 +6,7 @@ import os
 import re
 from collections import deque
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import BinaryIO
 
@@ -41,7 +41,7 @@ class Diagnosis:
         return {"id": self.id, "title": self.title, "advice": self.advice, "line": self.line}
 
 
-@lru_cache(maxsize=None)
+@cache
 def signatures(path: Path = SIGNATURES) -> tuple[Signature, ...]:
     doc = tomllib.loads(path.read_text())
     return tuple(
@@ -53,10 +53,7 @@ def signatures(path: Path = SIGNATURES) -> tuple[Signature, ...]:
 def read_tail(source: BinaryIO, lines: int, max_bytes: int = TAIL_BYTES) -> str:
     """The last `lines` lines of a log, or its last max_bytes where they are longer: read
     backwards from the end of a file, or streamed through a bounded window from a pipe."""
-    if source.seekable():
-        data = _tail_of_file(source, lines, max_bytes)
-    else:
-        data = _tail_of_stream(source, max_bytes)
+    data = _tail_of_file(source, lines, max_bytes) if source.seekable() else _tail_of_stream(source, max_bytes)
     return data.decode("utf-8", errors="replace")
 
 

@@ -32,7 +32,9 @@ def with_nvml(read: Callable):
     try:
         import pynvml
     except ImportError:
-        raise NvmlUnavailable("nvidia-ml-py, a dependency of sm120kit, is missing from this environment (pip install nvidia-ml-py)") from None
+        raise NvmlUnavailable(
+            "nvidia-ml-py, a dependency of sm120kit, is missing from this environment (pip install nvidia-ml-py)"
+        ) from None
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
@@ -78,7 +80,11 @@ def visible(gpus: list[Gpu], env: dict[str, str] | None = None) -> list[Gpu]:
         return gpus
     chosen = []
     for item in (v.strip() for v in value.split(",") if v.strip()):
-        match = [g for g in gpus if (item.isdigit() and g.index == int(item)) or (not item.isdigit() and g.uuid.startswith(item))]
+        match = [
+            g
+            for g in gpus
+            if (item.isdigit() and g.index == int(item)) or (not item.isdigit() and g.uuid.startswith(item))
+        ]
         if not match:
             break  # CUDA stops at the first entry that names no device
         chosen.append(match[0])

@@ -63,9 +63,15 @@ def spawn(argv: list[str], env: dict[str, str], log_path: str) -> subprocess.Pop
 
     with open(log_path, "ab", buffering=0) as log:
         return subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True, preexec_fn=tie_to_parent, close_fds=True,
-        )  # fmt: skip
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=tie_to_parent,
+            close_fds=True,
+        )
 
 
 def reap() -> dict[int, int]:
@@ -101,7 +107,15 @@ class Proc:
     orphan: bool = False  # an sglang child whose launcher is gone
 
     def as_json(self) -> dict:
-        return {"pid": self.pid, "title": self.title, "ppid": self.ppid, "started": self.started, "user": self.user, "run": self.marker, "orphan": self.orphan}
+        return {
+            "pid": self.pid,
+            "title": self.title,
+            "ppid": self.ppid,
+            "started": self.started,
+            "user": self.user,
+            "run": self.marker,
+            "orphan": self.orphan,
+        }
 
     def line(self) -> str:
         age = _age(time.time() - self.started)
@@ -184,7 +198,17 @@ def scan(marker: str | None = None, sglang: bool = False) -> list[Proc]:
         value = _marker_of(proc) if named or marker is not None else None
         if named or (value is not None and marker is not None and marker in ("", value)):
             orphan = named and _orphaned(info, by_pid.get(info["ppid"]))
-            found.append(Proc(info["pid"], _title(cmdline, name), info["ppid"] or 0, info["create_time"] or 0.0, info["username"] or "?", value, orphan))
+            found.append(
+                Proc(
+                    info["pid"],
+                    _title(cmdline, name),
+                    info["ppid"] or 0,
+                    info["create_time"] or 0.0,
+                    info["username"] or "?",
+                    value,
+                    orphan,
+                )
+            )
     return found
 
 
@@ -242,7 +266,12 @@ class StopReport:
         return not self.left
 
     def as_json(self) -> dict:
-        return {"processes": self.processes, "sigkilled": self.killed, "left": [p.as_json() for p in self.left], "seconds": round(self.seconds, 3)}
+        return {
+            "processes": self.processes,
+            "sigkilled": self.killed,
+            "left": [p.as_json() for p in self.left],
+            "seconds": round(self.seconds, 3),
+        }
 
 
 def _send(pgid: int | None, pids: set[int], sig: int) -> None:
@@ -329,7 +358,15 @@ def describe(pids: set[int]) -> list[Proc]:
     return found
 
 
-def stop(pgid: int | None, tree: Tree | None, timeout: float, hurry=lambda: False, tick: float = 0.02, pids: set[int] = frozenset(), drain: bool = False) -> StopReport:
+def stop(
+    pgid: int | None,
+    tree: Tree | None,
+    timeout: float,
+    hurry=lambda: False,
+    tick: float = 0.02,
+    pids: set[int] = frozenset(),
+    drain: bool = False,
+) -> StopReport:
     """Stop a run: its process group, its tree (those that left the group) and `pids`.
     SIGTERM, up to `timeout` (or until hurry() says so), SIGKILL, then one more look for a
     process started or orphaned meanwhile. Reaps as it goes.
@@ -380,7 +417,7 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 def port_holder(port: int) -> str:
-    """"pid 123 'python ...'" of the process listening on the port, where we may see it."""
+    """ "pid 123 'python ...'" of the process listening on the port, where we may see it."""
     try:
         for conn in psutil.net_connections(kind="inet"):
             if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:

@@ -15,7 +15,10 @@ PHASES: tuple[tuple[re.Pattern, str], ...] = tuple(
     for pattern, phase in (
         (r"Init torch distributed begin", "initialising torch.distributed"),
         (r"Load weight begin", "loading weights"),
-        (r"Loading safetensors checkpoint shards:\s*(?P<pct>\d+)% Completed \| (?P<n>\d+)/(?P<total>\d+)", "loading weights {pct}% ({n}/{total} shards)"),
+        (
+            r"Loading safetensors checkpoint shards:\s*(?P<pct>\d+)% Completed \| (?P<n>\d+)/(?P<total>\d+)",
+            "loading weights {pct}% ({n}/{total} shards)",
+        ),
         (r"Load weight end", "weights loaded"),
         (r"Memory pool end|KV Cache is allocated", "KV cache allocated"),
         (r"Capture .*(?:cuda|CUDA) graph begin|Capturing batches", "capturing CUDA graphs"),

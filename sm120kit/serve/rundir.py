@@ -90,7 +90,15 @@ class Record:
     def secret_prefix_at_end(self, text: str) -> int:
         """How many of text's last characters could be the start of a key that the next
         read completes: held back, so that a key split across two reads is redacted too."""
-        return max((n for value in self.secrets for n in range(min(len(value) - 1, len(text)), 0, -1) if text.endswith(value[:n])), default=0)
+        return max(
+            (
+                n
+                for value in self.secrets
+                for n in range(min(len(value) - 1, len(text)), 0, -1)
+                if text.endswith(value[:n])
+            ),
+            default=0,
+        )
 
     def _written(self, path: Path, write: Callable[[], None]) -> None:
         """A record that cannot be written (a full disk, an I/O error) is said, once, and
@@ -108,7 +116,12 @@ class Record:
 
     def event(self, kind: str, **fields) -> dict:
         now = time.time()
-        doc = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}", "t": now, "event": kind, **fields}
+        doc = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}",
+            "t": now,
+            "event": kind,
+            **fields,
+        }
 
         def append() -> None:
             with open(self.events, "a", encoding="utf-8") as fh:
@@ -177,7 +190,15 @@ def runs() -> list[dict]:
         try:
             state = _validated(json.loads(path.read_text()))
         except (OSError, ValueError) as exc:  # reported, never skipped: `ps` must not say "nothing served"
-            found.append({"profile": path.parent.name, "status": "damaged", "running": False, "dir": str(path.parent), "error": f"{path}: {problems(exc)}"})
+            found.append(
+                {
+                    "profile": path.parent.name,
+                    "status": "damaged",
+                    "running": False,
+                    "dir": str(path.parent),
+                    "error": f"{path}: {problems(exc)}",
+                }
+            )
             continue
         alive = _supervisor_alive(state)
         if not alive and state.get("status") not in ("stopped", "gave-up"):

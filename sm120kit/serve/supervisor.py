@@ -103,12 +103,20 @@ class End:
 
 
 def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 class Supervisor:
-    def __init__(self, server: Server, policy: Policy, record: Record, out=None, echo: bool = True, log_max_bytes: int = 256 << 20) -> None:
+    def __init__(
+        self,
+        server: Server,
+        policy: Policy,
+        record: Record,
+        out=None,
+        echo: bool = True,
+        log_max_bytes: int = 256 << 20,
+    ) -> None:
         self.server, self.policy, self.record = server, policy, record
         self.out = out or sys.stdout
         self.echo, self.log_max_bytes = echo, log_max_bytes
@@ -132,7 +140,9 @@ class Supervisor:
     def say(self, message: str) -> None:
         prefix = "\n" if self._line_open else ""
         self._line_open = False
-        self.out.write(f"{prefix}[sm120kit {time.strftime('%H:%M:%S')}] {message}\n")  # log lines in it are redacted already
+        self.out.write(
+            f"{prefix}[sm120kit {time.strftime('%H:%M:%S')}] {message}\n"
+        )  # log lines in it are redacted already
         self.out.flush()
 
     # -- signals and waiting -----------------------------------------------------------
@@ -169,9 +179,20 @@ class Supervisor:
         marker = f"{self.server.name}:{uuid.uuid4().hex[:12]}"
         proc = procs.spawn(self.server.argv, {**self.server.env, procs.MARKER: marker}, str(self.record.log))
         run = Run(attempt, proc, marker, log=open(self.record.log, "rb"))  # noqa: SIM115 (closed in _end_run)
-        self.record.event("started", attempt=attempt, pid=proc.pid, argv=self.server.shown_argv, log=str(self.record.log))
-        self.record.update(status="starting", since=time.time(), server_pid=proc.pid, marker=marker, attempt=attempt, restarts=self.restarts)
-        self.say(f"started {self.server.name}: pid {proc.pid} (attempt {attempt}); ready when it generates, within {_duration(self.policy.startup_timeout_s)}; log {self.record.log}")
+        self.record.event(
+            "started", attempt=attempt, pid=proc.pid, argv=self.server.shown_argv, log=str(self.record.log)
+        )
+        self.record.update(
+            status="starting",
+            since=time.time(),
+            server_pid=proc.pid,
+            marker=marker,
+            attempt=attempt,
+            restarts=self.restarts,
+        )
+        self.say(
+            f"started {self.server.name}: pid {proc.pid} (attempt {attempt}); ready when it generates, within {_duration(self.policy.startup_timeout_s)}; log {self.record.log}"
+        )
         return run
 
     def _read_log(self, run: Run) -> None:
@@ -196,7 +217,9 @@ class Supervisor:
             try:
                 copy_truncate(self.record.log)
             except OSError as exc:
-                self.say(f"could not keep a copy of the log past {self.log_max_bytes >> 20} MiB ({exc.strerror or exc}): truncated it without one")
+                self.say(
+                    f"could not keep a copy of the log past {self.log_max_bytes >> 20} MiB ({exc.strerror or exc}): truncated it without one"
+                )
             run.log.seek(0)
 
     def _progress(self, run: Run, phase: str) -> None:
@@ -217,8 +240,10 @@ class Supervisor:
         def work() -> None:
             try:
                 result = probe(s.host, s.port, timeout, s.api_key)
-            except BaseException as exc:  # noqa: BLE001 (a probe error is a failed probe, never the end of supervision)
-                result = ProbeResult(False, None, f"probe error ({type(exc).__name__})", 0.0)  # its text may hold the key
+            except BaseException as exc:
+                result = ProbeResult(
+                    False, None, f"probe error ({type(exc).__name__})", 0.0
+                )  # its text may hold the key
             self._probes.put((attempt, result))
             self._probing = False
             try:
@@ -236,9 +261,13 @@ class Supervisor:
             if result.ok:
                 run.ready_at = now
                 after = round(now - run.started, 1)
-                self.record.update(status="ready", since=time.time(), ready_after_s=after, last_health=self._health(result))
+                self.record.update(
+                    status="ready", since=time.time(), ready_after_s=after, last_health=self._health(result)
+                )
                 self.record.event("ready", after_s=after)
-                self.say(f"ready: {self.server.name} generates (after {_duration(after)}); probing {self._url()} every {p.probe_interval_s:g}s")
+                self.say(
+                    f"ready: {self.server.name} generates (after {_duration(after)}); probing {self._url()} every {p.probe_interval_s:g}s"
+                )
             return None
         self.record.update(last_health=self._health(result))
         if result.ok:
@@ -248,7 +277,9 @@ class Supervisor:
             run.failures_in_row = 0
             return None
         run.failures_in_row += 1
-        self.record.event("probe_failed", detail=result.detail, consecutive=run.failures_in_row, limit=p.failures_before_restart)
+        self.record.event(
+            "probe_failed", detail=result.detail, consecutive=run.failures_in_row, limit=p.failures_before_restart
+        )
         self.record.update(status="unhealthy")
         self.say(f"probe failed: {result.detail} ({run.failures_in_row}/{p.failures_before_restart})")
         if run.failures_in_row >= p.failures_before_restart:
@@ -277,12 +308,20 @@ class Supervisor:
             now = time.monotonic()
             if run.ready_at is None:
                 if now - run.started > p.startup_timeout_s:
-                    return End("start_timeout", f"not generating after {_duration(p.startup_timeout_s)} (last: {run.phase})")
+                    return End(
+                        "start_timeout", f"not generating after {_duration(p.startup_timeout_s)} (last: {run.phase})"
+                    )
                 if now >= next_note:
                     next_note = now + PROGRESS_EVERY_S
-                    self.say(f"still starting: {run.phase} ({_duration(now - run.started)} of {_duration(p.startup_timeout_s)})")
+                    self.say(
+                        f"still starting: {run.phase} ({_duration(now - run.started)} of {_duration(p.startup_timeout_s)})"
+                    )
             if not self._probing and now >= next_probe:
-                next_probe = now + (p.probe_interval_s if run.ready_at is not None else min(p.startup_probe_interval_s, p.probe_interval_s))
+                next_probe = now + (
+                    p.probe_interval_s
+                    if run.ready_at is not None
+                    else min(p.startup_probe_interval_s, p.probe_interval_s)
+                )
                 self._start_probe(run)
             wake = now + p.probe_interval_s if self._probing else next_probe  # a probe's result wakes us
             if self.echo or run.ready_at is None:
@@ -311,12 +350,25 @@ class Supervisor:
         found = diagnose(tail)
         last = [line for line in tail.replace("\r", "\n").splitlines() if line.strip()][-15:]
         ran = time.monotonic() - run.started
-        when = f"while starting ({run.phase})" if run.ready_at is None else f"{_duration(time.monotonic() - run.ready_at)} after it was ready"
+        when = (
+            f"while starting ({run.phase})"
+            if run.ready_at is None
+            else f"{_duration(time.monotonic() - run.ready_at)} after it was ready"
+        )
         self.record.event(
-            end.kind, detail=end.detail, exit_code=end.exit_code, noticed_at=end.at, ran_s=round(ran, 1),
-            ready=run.ready_at is not None, phase=run.phase, diagnoses=[d.as_json() for d in found], log_tail=last,
-        )  # fmt: skip
-        what = {"died": f"the server died {when}: {end.detail}", "hung": f"the server hung {when}: {end.detail}"}.get(end.kind, f"the server did not start: {end.detail}")
+            end.kind,
+            detail=end.detail,
+            exit_code=end.exit_code,
+            noticed_at=end.at,
+            ran_s=round(ran, 1),
+            ready=run.ready_at is not None,
+            phase=run.phase,
+            diagnoses=[d.as_json() for d in found],
+            log_tail=last,
+        )
+        what = {"died": f"the server died {when}: {end.detail}", "hung": f"the server hung {when}: {end.detail}"}.get(
+            end.kind, f"the server did not start: {end.detail}"
+        )
         self.say(what)
         for d in found:
             self.say(f"diagnosis: {d.title}\n    log:    {d.line}\n    advice: {d.advice}")
@@ -372,12 +424,18 @@ class Supervisor:
                 found = gpus.read_gpus()
             except gpus.NvmlUnavailable:
                 return None
-            left = [f"pid {pid} on GPU {g.index} ({used // gpus.MIB} MiB)" for g in found for pid, used in g.processes.items() if pid in pids]
+            left = [
+                f"pid {pid} on GPU {g.index} ({used // gpus.MIB} MiB)"
+                for g in found
+                for pid, used in g.processes.items()
+                if pid in pids
+            ]
             base = self._gpu_baseline or {}
             left += [
                 f"GPU {g.index} uses {(g.total - g.free - base[g.index]) // gpus.MIB} MiB more than before the start"
-                for g in found if g.index in base and g.total - g.free - base[g.index] > GPU_MEMORY_SLACK
-            ]  # fmt: skip
+                for g in found
+                if g.index in base and g.total - g.free - base[g.index] > GPU_MEMORY_SLACK
+            ]
             if not left or time.monotonic() >= end:
                 return left
             time.sleep(0.1)
@@ -390,7 +448,9 @@ class Supervisor:
             self.record.update(status="stopped", since=time.time(), server_pid=None)
             self.say(f"stopped on {why}: no server was running")
             return EXIT_STOPPED
-        self.say(f"stopping on {why}: SIGTERM to sglang's launcher (it drains requests), then to the rest; SIGKILL after {_duration(self.policy.stop_timeout_s)} (a second Ctrl-C: now)")
+        self.say(
+            f"stopping on {why}: SIGTERM to sglang's launcher (it drains requests), then to the rest; SIGKILL after {_duration(self.policy.stop_timeout_s)} (a second Ctrl-C: now)"
+        )
         pids = procs.members(run.pid, self._tree)
         report = self._end_run(run, self.policy.stop_timeout_s, drain=True)
         ports = self._ports_taken()
@@ -398,11 +458,23 @@ class Supervisor:
         on_gpu = self._gpu_leftovers(pids | set(report.killed))
         gpu_s = None if on_gpu is None else round(time.monotonic() - waited, 3)
         clean = report.clean and not ports and not on_gpu
-        self.record.event("stopped", clean=clean, ports_taken=ports, on_gpu=on_gpu, gpu_released_after_s=gpu_s, **report.as_json())
+        self.record.event(
+            "stopped", clean=clean, ports_taken=ports, on_gpu=on_gpu, gpu_released_after_s=gpu_s, **report.as_json()
+        )
         self.record.update(status="stopped", since=time.time(), server_pid=None, clean=clean)
         killed = f", {len(report.killed)} needed SIGKILL" if report.killed else ""
-        gpu = "" if on_gpu is None else f"; no process of ours on the GPUs (NVML, {gpu_s:.1f}s later)" if not on_gpu else f"; STILL ON A GPU: {', '.join(on_gpu)}"
-        port_note = "ports " + ", ".join(str(p) for _, _, p in self.server.ports) + " free" if not ports else f"STILL BOUND: {', '.join(ports)}"
+        gpu = (
+            ""
+            if on_gpu is None
+            else f"; no process of ours on the GPUs (NVML, {gpu_s:.1f}s later)"
+            if not on_gpu
+            else f"; STILL ON A GPU: {', '.join(on_gpu)}"
+        )
+        port_note = (
+            "ports " + ", ".join(str(p) for _, _, p in self.server.ports) + " free"
+            if not ports
+            else f"STILL BOUND: {', '.join(ports)}"
+        )
         self.say(f"stopped: {report.processes} processes ended in {report.seconds:.1f}s{killed}; {port_note}{gpu}")
         if report.left:
             self.say("LEFT RUNNING: " + "; ".join(p.line() for p in report.left))
@@ -415,10 +487,19 @@ class Supervisor:
         subreaper = procs.become_subreaper()
         me = psutil.Process()
         self.record.update(
-            profile=self.server.name, supervisor_pid=me.pid, supervisor_started=me.create_time(), status="launching",
-            since=time.time(), host=self.server.host, port=self.server.port, log=str(self.record.log),
-            events=str(self.record.events), restarts=0, last_health=None, subreaper=subreaper,
-        )  # fmt: skip
+            profile=self.server.name,
+            supervisor_pid=me.pid,
+            supervisor_started=me.create_time(),
+            status="launching",
+            since=time.time(),
+            host=self.server.host,
+            port=self.server.port,
+            log=str(self.record.log),
+            events=str(self.record.events),
+            restarts=0,
+            last_health=None,
+            subreaper=subreaper,
+        )
         self._gpu_baseline = self._gpu_memory()
         try:
             return self._loop()
@@ -450,7 +531,9 @@ class Supervisor:
             self.restarts += 1
             self.record.event("restarting", in_s=delay, failures=self.failures, limit=self.policy.max_restarts)
             self.record.update(status="backoff", since=time.time(), server_pid=None, restarts=self.restarts)
-            self.say(f"restarting in {delay:g}s (restart {self.failures} of at most {self.policy.max_restarts} in a row)")
+            self.say(
+                f"restarting in {delay:g}s (restart {self.failures} of at most {self.policy.max_restarts} in a row)"
+            )
             until = time.monotonic() + delay
             while not self.stop_signals and time.monotonic() < until:
                 self._sleep(until - time.monotonic())
