@@ -1,0 +1,92 @@
+"""Options that several commands share, spelled the same everywhere, and their checks."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def target_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("target environment (default: this interpreter)")
+    group.add_argument(
+        "--python", metavar="EXE", help="the python of the environment to patch (sm120kit need not be installed there)"
+    )
+    group.add_argument("--site", metavar="DIR", help="a site-packages directory, e.g. an unpacked image layer")
+
+
+def patch_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--patch-dir",
+        action="append",
+        metavar="DIR",
+        help="also load patches from DIR (before the shipped ones; repeatable; or $SM120KIT_PATCH_PATH)",
+    )
+    parser.add_argument("--only", action="append", metavar="ID", help="just this patch (repeatable)")
+
+
+def allow_missing_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-missing",
+        action="append",
+        metavar="ID",
+        default=[],
+        help="go on although patch ID's anchor is missing on the installed release (repeatable); "
+        "`patch` records it in the ledger for that release",
+    )
+
+
+def common_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print a JSON document instead of a table")
+    parser.add_argument("--debug", action="store_true", help="print tracebacks and full details")
+
+
+def profile_args(parser: argparse.ArgumentParser, sets: bool = True) -> None:
+    parser.add_argument(
+        "--profile-dir",
+        action="append",
+        metavar="DIR",
+        help="also load profiles from DIR (before the shipped ones; repeatable; or $SM120KIT_PROFILE_PATH)",
+    )
+    if sets:
+        parser.add_argument(
+            "--set",
+            action="append",
+            metavar="KEY=VALUE",
+            dest="sets",
+            help="override a profile key, e.g. engine.max_running_requests=2048 (repeatable)",
+        )
+
+
+def load_target_and_patches(args, selected: bool = True):
+    from sm120kit.patching.registry import load_patches, select
+    from sm120kit.target import resolve_target
+
+    patches = load_patches(args.patch_dir)
+    chosen = select(patches, args.only, "--only")
+    select(patches, getattr(args, "allow_missing", None), "--allow-missing")  # known ids only
+    return resolve_target(args.python, args.site), chosen if selected else patches
+
+
+def allowed_missing(args) -> frozenset[str]:
+    return frozenset(getattr(args, "allow_missing", None) or ())
+
+
+def check_range(option: str, value: float, low: float, high: float, hint: str, low_open: bool = False) -> None:
+    """A numeric option must be finite and within its range (nan, inf, 0 or -1 passed
+    argparse and misbehaved later): else a UserError naming the option and the range."""
+    import math
+
+    from sm120kit.errors import UserError
+
+    if math.isfinite(value) and (value > low if low_open else value >= low) and value <= high:
+        return
+
+    def plain(x: float) -> str:
+        return str(int(x)) if math.isfinite(x) and float(x).is_integer() else f"{x:g}"
+
+    kind = "an integer" if isinstance(value, int) else "a number"
+    allowed = (
+        f"{kind} above {plain(low)} and at most {plain(high)}"
+        if low_open
+        else f"{kind} from {plain(low)} to {plain(high)}"
+    )
+    raise UserError(f"{option} {plain(value) if isinstance(value, int) else f'{value:g}'}: allowed: {allowed}", hint)
