@@ -3,12 +3,30 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
+
+from sm120kit.exit_codes import ExitCode
 
 
-def target_args(parser: argparse.ArgumentParser) -> None:
+def command_parser(sub, name: str, summary: str, description: str, exits: Mapping[ExitCode, str], **kwargs):
+    """A subcommand with its one-line summary (the list in `sm120kit --help`), a description
+    and what it exits with (`sm120kit NAME --help`)."""
+    epilog = "exit codes:\n" + "\n".join(f"  {int(code):3d}  {meaning}" for code, meaning in exits.items())
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **kwargs,
+    )
+
+
+def target_args(parser: argparse.ArgumentParser, python_is: str = "the environment to patch") -> None:
+    """--python / --site; python_is says what the interpreter is for in this command."""
     group = parser.add_argument_group("target environment (default: this interpreter)")
     group.add_argument(
-        "--python", metavar="EXE", help="the python of the environment to patch (sm120kit need not be installed there)"
+        "--python", metavar="EXE", help=f"the python of {python_is} (sm120kit need not be installed there)"
     )
     group.add_argument("--site", metavar="DIR", help="a site-packages directory, e.g. an unpacked image layer")
 
