@@ -14,7 +14,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from sm120kit import search
+from sm120kit import search_paths
 from sm120kit.errors import UserError
 from sm120kit.patching.spec import Patch
 
@@ -22,11 +22,11 @@ ENV_VAR = "SM120KIT_PATCH_PATH"
 
 
 def shipped_dir() -> Path:
-    return search.shipped("patches")
+    return search_paths.shipped("patches")
 
 
 def search_path(patch_dirs: list[str] | None = None) -> list[Path]:
-    return search.search_path("patches", "--patch-dir", ENV_VAR, patch_dirs, shipped_dir())
+    return search_paths.search_path("patches", "--patch-dir", ENV_VAR, patch_dirs, shipped_dir())
 
 
 def _load_module(path: Path) -> Patch:

@@ -21,7 +21,7 @@ from typing import Any, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from sm120kit import search
+from sm120kit import search_paths
 from sm120kit.errors import UserError
 from sm120kit.profiles.model import Profile, allowed_range
 
@@ -36,12 +36,12 @@ Path_ = tuple[str | int, ...]
 
 
 def shipped_dir() -> Path:
-    return search.shipped("profiles")
+    return search_paths.shipped("profiles")
 
 
 def search_path(dirs: list[str] | None = None) -> list[Path]:
     """--profile-dir DIRs, then $SM120KIT_PROFILE_PATH, then the shipped profiles."""
-    return search.search_path("profiles", "--profile-dir", ENV_VAR, dirs, shipped_dir())
+    return search_paths.search_path("profiles", "--profile-dir", ENV_VAR, dirs, shipped_dir())
 
 
 def _index(dirs: list[Path]) -> dict[str, Path]:
