@@ -8,6 +8,8 @@ from pathlib import Path
 
 from sm120kit.errors import UserError
 
+SINGULAR = {"patches": "patch", "profiles": "profile"}
+
 
 def shipped(kind: str) -> Path:
     """Inside the wheel: sm120kit/_shipped/<kind>. In a source checkout: ./<kind>."""
@@ -22,5 +24,5 @@ def search_path(kind: str, option: str, env_var: str, dirs: list[str] | None, la
     user += [Path(d).expanduser() for d in os.environ.get(env_var, "").split(os.pathsep) if d]
     for d in user:
         if not d.is_dir():
-            raise UserError(f"{kind[:-1]} directory {d} does not exist", f"check {option} and ${env_var}")
+            raise UserError(f"{SINGULAR[kind]} directory {d} does not exist", f"check {option} and ${env_var}")
     return [*user, last]
