@@ -25,7 +25,8 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "sm120kit", "doctor", "--json", *extra], capture_output=True, check=False)
         times.append(time.monotonic() - began)
     print(
-        f"sm120kit doctor {' '.join(extra)}: median {statistics.median(times):.3f} s, min {min(times):.3f} s, max {max(times):.3f} s over {runs} runs"
+        f"sm120kit doctor {' '.join(extra)}: median {statistics.median(times):.3f} s, "
+        f"min {min(times):.3f} s, max {max(times):.3f} s over {runs} runs"
     )
     return 0
 

@@ -130,7 +130,8 @@ def _read_distribution(dist_info: Path) -> Distribution | None:
     except InvalidVersion:
         name = canonicalize_name(fields["Name"])
         raise UserError(
-            f"{dist_info / 'METADATA'}: {name}'s version {fields['Version']!r} is not a PEP 440 version: the installation is damaged",
+            f"{dist_info / 'METADATA'}: {name}'s version {fields['Version']!r} is not a PEP 440 version: "
+            "the installation is damaged",
             f"reinstall it: pip install --force-reinstall --no-deps {name}",
         ) from None
     return Distribution(canonicalize_name(fields["Name"]), fields["Version"], dist_info.parent, dist_info)

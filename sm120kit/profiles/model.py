@@ -87,7 +87,10 @@ def owned_flag_problem(flag: str, owner: str) -> str:
     if not owner:
         return f"{flag} carries a secret, and argv is readable by every user of the machine: sm120kit does not pass it"
     if owner == "server.api_key_env":
-        return f"{flag} carries the API key, which sm120kit passes from the variable that server.api_key_env names (never in argv): set {owner} instead"
+        return (
+            f"{flag} carries the API key, which sm120kit passes from the variable that server.api_key_env names "
+            f"(never in argv): set {owner} instead"
+        )
     return f"{flag} is rendered from {owner}: set {owner} instead"
 
 
@@ -240,7 +243,8 @@ class Engine(BaseModel):
     )
     insist_kv_cache_dtype: bool = Field(
         False,
-        description="Keep kv_cache_dtype even where sm120kit would warn and change it (a combination known to give wrong output).",
+        description="Keep kv_cache_dtype even where sm120kit would warn and change it "
+        "(a combination known to give wrong output).",
     )
 
     @field_validator("chunked_prefill_size")
@@ -261,7 +265,8 @@ class Server(BaseModel):
     api_key_env: str | None = Field(
         None,
         json_schema_extra={"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
-        description="NAME of the environment variable that holds the API key (never the key itself); passed as --api-key at launch.",
+        description="NAME of the environment variable that holds the API key (never the key itself); "
+        "passed as --api-key at launch.",
     )
     allow_public_without_key: bool = Field(
         False,
@@ -273,7 +278,8 @@ class Server(BaseModel):
     def _key_is_a_name(cls, value: str | None) -> str | None:
         if value is not None and not ENV_NAME.fullmatch(value):
             raise ValueError(
-                "must be the NAME of an environment variable that holds the key (e.g. SGLANG_API_KEY), not the key itself"
+                "must be the NAME of an environment variable that holds the key (e.g. SGLANG_API_KEY), "
+                "not the key itself"
             )
         return value
 
@@ -316,14 +322,16 @@ class Health(BaseModel):
         60.0,
         gt=0,
         le=MAX_SECONDS,
-        description="Seconds between SIGTERM to the server's processes and SIGKILL (sglang's own drain has no deadline).",
+        description="Seconds between SIGTERM to the server's processes and SIGKILL "
+        "(sglang's own drain has no deadline).",
     )
 
     @model_validator(mode="after")
     def _backoff_order(self) -> Health:
         if self.backoff_max_s < self.backoff_initial_s:
             raise ValueError(
-                f"health.backoff_max_s = {self.backoff_max_s} is less than health.backoff_initial_s = {self.backoff_initial_s}"
+                f"health.backoff_max_s = {self.backoff_max_s} is less than "
+                f"health.backoff_initial_s = {self.backoff_initial_s}"
             )
         return self
 
@@ -355,7 +363,8 @@ class Profile(BaseModel):
     health: Health = Field(default_factory=Health, description="Startup budget, liveness probes and restart policy.")
     extra_args: dict[FlagKey, ExtraValue] = Field(
         default_factory=dict,
-        description='Other sglang flags, checked against the installed release: "--flag" = value (true: bare flag; false: omitted).',
+        description="Other sglang flags, checked against the installed release: "
+        '"--flag" = value (true: bare flag; false: omitted).',
     )
     name: SkipJsonSchema[str] = Field("", description="Set by the loader: the profile's name.")
     source: SkipJsonSchema[str] = Field("", description="Set by the loader: the file it was read from.")

@@ -144,7 +144,8 @@ def unservable(profile: Profile) -> list[str]:
         problems.append(f"{counted} = {total} GPU{'s' * (total != 1)}, but node.gpus = {gpus}")
     elif nodes > 1 and total != gpus * nodes:
         problems.append(
-            f"{counted} = {total} GPUs over parallel.nnodes = {nodes} is {total / nodes:g} per node, but node.gpus = {gpus}"
+            f"{counted} = {total} GPUs over parallel.nnodes = {nodes} is {total / nodes:g} per node, "
+            f"but node.gpus = {gpus}"
         )
     return problems
 
@@ -156,11 +157,15 @@ def require_servable(profile: Profile) -> None:
         return
     if not profile.model.path:
         hint = (
-            f'write a profile that extends it (extends = "{profile.name}", then [model] path = "...", [parallel] tp = N) '
+            f'write a profile that extends it (extends = "{profile.name}", '
+            'then [model] path = "...", [parallel] tp = N) '
             "and serve that, e.g. `sm120kit profile show glm5-nvfp4`; or add --set model.path=DIR --set parallel.tp=N"
         )
     else:
-        hint = "make the parallel sizes use node.gpus GPUs per node, or set node.gpus to what the server uses (--set works too)"
+        hint = (
+            "make the parallel sizes use node.gpus GPUs per node, "
+            "or set node.gpus to what the server uses (--set works too)"
+        )
     raise UserError(f"profile {profile.name} ({profile.source}) cannot serve:\n  " + "\n  ".join(problems), hint)
 
 
@@ -230,7 +235,8 @@ def render(profile: Profile, schema: FlagSchema, python: str = "python3") -> Lau
         if spec is not None and spec.name in owned:  # another spelling of a flag that a field sets
             owner = owned[spec.name]
             out.errors.append(
-                f"extra_args.{flag!r}: sglang {schema.version} reads it as {spec.name}: {owned_flag_problem(spec.name, owner)}"
+                f"extra_args.{flag!r}: sglang {schema.version} reads it as {spec.name}: "
+                f"{owned_flag_problem(spec.name, owner)}"
             )
             continue
         if value is None or value is False:
@@ -241,7 +247,8 @@ def render(profile: Profile, schema: FlagSchema, python: str = "python3") -> Lau
         raise UserError(
             f"profile {profile.name} ({profile.source}) does not fit sglang {schema.version}:\n  "
             + "\n  ".join(out.errors),
-            f"fix the profile or override with --set; `sm120kit profile show {profile.name}` prints what it resolved to",
+            "fix the profile or override with --set; "
+            f"`sm120kit profile show {profile.name}` prints what it resolved to",
         )
     return Launch(
         [python, "-m", "sglang.launch_server", *out.argv], dict(profile.env), schema.version, warnings + out.warnings
