@@ -12,6 +12,8 @@ Give this script an interpreter that has them (torch for CPU is enough):
 The script installs the sglang release from its wheel into a scratch site directory, builds
 a word-level tokenizer with `tokenizers` (nothing is downloaded: HF_HUB_OFFLINE=1, and
 --tokenizer / --model point at it), starts the stand-in, runs the sweep, and compares.
+The scratch directory (some 130 MB: the unpacked wheel, the tokenizer, the results) is
+removed at the end unless --keep.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -63,10 +66,21 @@ def main() -> int:
         "--tokens-per-s", type=float, default=400.0, help="the stand-in's capacity (output tokens per second)"
     )
     parser.add_argument("--request-tokens-per-s", type=float, default=40.0, help="the most one request gets")
-    parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch directory and print its path")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-client-proof-"))
+    try:
+        return prove(args, work)
+    finally:
+        if args.keep:
+            print(f"scratch directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def prove(args: argparse.Namespace, work: Path) -> int:
+    """Install, start the stand-in, sweep, compare; everything it writes is under `work`."""
     site = work / "site-packages"
     fetch_wheels.install(site, "sglang", args.version)
     path = [str(site)]
@@ -80,11 +94,13 @@ def main() -> int:
             )
         path.append(str(work / "placeholders"))
         print(
-            "torchvision is not importable there: a placeholder package stands in for the import (the client does not call it)"
+            "torchvision is not importable there: a placeholder package stands in for the import "
+            "(the client does not call it)"
         )
     python = work / "python"  # the serving environment: the client's interpreter with this sglang
     python.write_text(
-        f'#!/bin/sh\nexport PYTHONPATH={":".join(path)} HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES=\nexec {args.client_python} "$@"\n'
+        f"#!/bin/sh\nexport PYTHONPATH={':'.join(path)} HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES=\n"
+        f'exec {args.client_python} "$@"\n'
     )
     python.chmod(0o755)
     tokenizer = work / "tokenizer"
@@ -160,7 +176,8 @@ def main() -> int:
             problems.append(f"concurrency {level['concurrency']}: run.json differs from the client's own line")
         if f"total {written['total_throughput']:,.1f} tok/s" not in bench.stdout:
             problems.append(
-                f"concurrency {level['concurrency']}: the printed total is not the client's {written['total_throughput']}"
+                f"concurrency {level['concurrency']}: the printed total is not the client's "
+                f"{written['total_throughput']}"
             )
     print(
         json.dumps(

@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument(
         "--latest", action="store_true", help="the newest sglang release on the package index (the default)"
     )
-    group.add_argument("--window", action="store_true", help="every release in scripts/fetch_wheels.py's proven window")
+    group.add_argument("--window", action="store_true", help="every release in the proven window (sm120kit/wheels.py)")
     parser.add_argument(
         "--report", type=Path, default=Path("sm120kit-conformance.md"), help="where the Markdown report goes"
     )

@@ -72,11 +72,13 @@ def tree(port: int, holders: int, gib: float) -> None:
 
 
 def supervise(state: str, port: int, holders: int, gib: float) -> int:
-    from sm120kit.serve.rundir import Record
-    from sm120kit.serve.supervisor import Policy, Server, Supervisor
+    from sm120kit.serve.rundir import RunRecord
+    from sm120kit.serve.supervisor import Policy, ServerSpec, Supervisor
 
     argv = [sys.executable, HERE, "--tree", str(port), str(holders), str(gib)]
-    server = Server("gpu-proof", argv, argv, dict(os.environ), "127.0.0.1", port, [("server.port", "127.0.0.1", port)])
+    server = ServerSpec(
+        "gpu-proof", argv, argv, dict(os.environ), "127.0.0.1", port, [("server.port", "127.0.0.1", port)]
+    )
     policy = Policy(
         startup_timeout_s=300,
         probe_interval_s=2,
@@ -88,7 +90,7 @@ def supervise(state: str, port: int, holders: int, gib: float) -> int:
         stop_timeout_s=30,
         stable_after_s=600,
     )
-    return Supervisor(server, policy, Record(Path(state)), echo=False).run()
+    return Supervisor(server, policy, RunRecord(Path(state)), echo=False).run()
 
 
 def nvml_snapshot() -> list[dict]:

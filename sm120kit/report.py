@@ -1,23 +1,118 @@
-"""Human tables and --json documents for the commands (no logic of their own)."""
+"""What the commands print: tables fitted to the terminal (or every column on one line with
+--wide), prose wrapped to it, and the --json documents. The judgements made here are the
+reader's alone: a patch's release ranges merged into one span, `open` for a bug that no
+upstream release has fixed, and the account of what an upgrade did to the patches (from the
+plan's findings and the patches the ledger says were lost)."""
 
 from __future__ import annotations
 
+import enum
 import json
+import shutil
 import sys
+import textwrap
 import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # `ps` and `doctor` print tables too: they must not pay for the patch engine
-    from sm120kit.patching.engine import Finding, Lost, Plan, Restore
+    from sm120kit.patching.planning import Lost, Plan
+    from sm120kit.patching.revert import Restore
     from sm120kit.patching.spec import Patch
+    from sm120kit.patching.transform import Finding
+
+NOT_A_TERMINAL = 100  # the width for a pipe, a file, a CI log
+NARROWEST = 40  # a terminal narrower than this gets 40: wrapping further helps nobody
+NARROWEST_COLUMN = 8
+OPEN = "open"  # no upstream release fixes the bug: the one word for it in every table
+NONE = "-"  # no value: no file, no installed version
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    rows = [[str(c) for c in r] for r in rows]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return "\n".join(fmt.format(*r).rstrip() for r in [list(headers), *rows])
+def output_width(wide: bool = False) -> int | None:
+    """The width to fit output to: None (no limit) with --wide; the terminal's width
+    ($COLUMNS first) when stdout is one; else 100. Not $COLUMNS for a pipe: readline sets
+    it in the environment of any process that loads it, and its children inherit it."""
+    if wide:
+        return None
+    if sys.stdout.isatty():
+        return max(NARROWEST, shutil.get_terminal_size((NOT_A_TERMINAL, 24)).columns)
+    return NOT_A_TERMINAL
+
+
+def wrap(text: str, width: int | None, indent: str = "", hanging: str = "  ") -> str:
+    """Prose fitted to `width`: each line broken at spaces (never inside a word, a path or a
+    URL), its continuation lines indented by `hanging` past the line's own indentation.
+    Without a width, only the indent is added."""
+    out = []
+    for line in text.splitlines() or [""]:
+        lead = indent + line[: len(line) - len(line.lstrip())]
+        if width is None or len(lead) + len(line.lstrip()) <= width:
+            out.append((lead + line.lstrip()).rstrip())
+            continue
+        out += textwrap.wrap(
+            line.lstrip(),
+            width,
+            initial_indent=lead,
+            subsequent_indent=lead + hanging,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+    return "\n".join(out)
+
+
+def table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[str]],
+    width: int | None = None,
+    narrow: Sequence[int] = (),
+    notes: Sequence[str] | None = None,
+) -> str:
+    """Columns padded to their widest cell, two spaces apart (no header line when every
+    header is empty). Fitted to `width` (None: as wide as the cells): the `narrow` columns
+    (indices) give up width, the widest first, down to their header's (8 at least), and
+    their cells wrap within them. A row's note follows it on lines of its own, indented and wrapped: the long
+    text (a file, a detail, a summary) that no column could hold."""
+    cells = [[str(c) for c in r] for r in rows]
+    count = len(headers)
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+    if width is not None:
+        floors = {i % count: max(len(headers[i % count]), NARROWEST_COLUMN) for i in narrow}
+        excess = sum(widths) + 2 * (count - 1) - width
+        while excess > 0:
+            shrinkable = [i for i, floor in floors.items() if widths[i] > floor]
+            if not shrinkable:
+                break  # the fixed columns alone are wider: better too wide than unreadable
+            widest = max(shrinkable, key=widths.__getitem__)
+            widths[widest] -= 1
+            excess -= 1
+    lines = _table_row(headers, widths) if any(headers) else []
+    for i, row in enumerate(cells):
+        lines += _table_row(row, widths)
+        if notes and notes[i]:
+            lines.append(wrap(notes[i], width, indent="  "))
+    return "\n".join(lines)
+
+
+def _table_row(row: Sequence[str], widths: list[int]) -> list[str]:
+    parts = [_cell_lines(cell, w) for cell, w in zip(row, widths)]
+    height = max(len(p) for p in parts)
+    return [
+        "  ".join((p[k] if k < len(p) else "").ljust(w) for p, w in zip(parts, widths)).rstrip() for k in range(height)
+    ]
+
+
+def _cell_lines(cell: str, width: int) -> list[str]:
+    """A cell broken to `width`: at spaces, else (a path) after a "/", else anywhere."""
+    if len(cell) <= width:
+        return [cell]
+    if " " in cell.strip():
+        return textwrap.wrap(cell, width, break_on_hyphens=False)
+    lines = []
+    while len(cell) > width:
+        cut = cell.rfind("/", 0, width) + 1 or width
+        lines.append(cell[:cut])
+        cell = cell[cut:]
+    return [*lines, cell]
 
 
 def emit_json(doc: dict) -> None:
@@ -29,13 +124,85 @@ def _first_line(text: str, debug: bool) -> str:
     return text if debug else text.splitlines()[0] if text else ""
 
 
+def _plain(value) -> str:
+    """An outcome as its word, whether the engine hands over the enum or its value."""
+    return value.value if isinstance(value, enum.Enum) else str(value)
+
+
+# -- release ranges --------------------------------------------------------------------
+
+
+def release_span(ranges: Iterable[str]) -> str:
+    """The releases that any of the PEP 440 ranges covers, as one span where they meet or
+    overlap: ">=0.5.9,<0.5.16" and ">=0.5.16,<=0.5.23" read "0.5.9–0.5.23". Ranges that do
+    not meet are listed with ", "; one that is not a plain interval (`!=`, `~=`, `*`) as is."""
+    intervals, odd = [], []
+    for text in dict.fromkeys(ranges):
+        interval = _interval(text)
+        (intervals.append(interval) if interval else odd.append(text))
+    merged: list[list] = []
+    for low, high in sorted(intervals, key=lambda iv: (iv[0] is not None, iv[0] and (iv[0][0], not iv[0][1]))):
+        if merged and _meets(merged[-1][1], low):
+            merged[-1][1] = _higher(merged[-1][1], high)
+        else:
+            merged.append([low, high])
+    return ", ".join([*(_interval_text(low, high) for low, high in merged), *odd]) or "any release"
+
+
+def _interval(text: str):
+    """(lowest, highest) of a range, each (release, inclusive) or None for no bound; None
+    for a range that is not one interval."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    low = high = None
+    for spec in SpecifierSet(text):
+        if "*" in spec.version or spec.operator not in (">=", ">", "<=", "<", "=="):
+            return None
+        bound = (Version(spec.version), spec.operator in (">=", "<=", "=="))
+        if spec.operator in (">=", ">", "==") and (low is None or (bound[0], not bound[1]) > (low[0], not low[1])):
+            low = bound
+        if spec.operator in ("<=", "<", "==") and (high is None or bound < high):
+            high = bound
+    return low, high
+
+
+def _meets(high, low) -> bool:
+    """Whether an interval ending at `high` touches or overlaps one starting at `low`."""
+    if high is None or low is None:
+        return True
+    return low[0] < high[0] or (low[0] == high[0] and (low[1] or high[1]))
+
+
+def _higher(a, b):
+    return None if a is None or b is None else max(a, b)
+
+
+def _interval_text(low, high) -> str:
+    if low and high and low[1] and high[1]:
+        return str(low[0]) if low[0] == high[0] else f"{low[0]}–{high[0]}"
+    lower = f"{'>=' if low[1] else '>'}{low[0]}" if low else ""
+    upper = f"{'<=' if high[1] else '<'}{high[0]}" if high else ""
+    return ",".join(x for x in (lower, upper) if x) or "any release"
+
+
+def fixed_in_text(patch: Patch) -> str:
+    """When upstream fixed the patch's bug: one release, or each part's (`open`: not yet)."""
+    from packaging.version import Version
+
+    fixes = {patch.fixed_in_for(r) for r in patch.rewrites} or {patch.fixed_in}
+    releases = sorted((f for f in fixes if f), key=Version)
+    return ", ".join(releases + ([OPEN] if None in fixes else []))
+
+
 # -- patches ---------------------------------------------------------------------------
 
 
-def patch_listing(patches: list[Patch], shipped: str) -> tuple[str, list[dict]]:
-    docs, rows, details = [], [], []
+def patch_listing(patches: list[Patch], shipped: str, width: int | None = None) -> tuple[str, list[dict]]:
+    docs, rows, summaries, details = [], [], [], []
     for p in patches:
         origin = "shipped" if p.source.startswith(shipped) else p.source
+        releases = release_span(r.versions for r in p.rewrites)
         docs.append(
             {
                 "id": p.id,
@@ -44,18 +211,32 @@ def patch_listing(patches: list[Patch], shipped: str) -> tuple[str, list[dict]]:
                 "why": p.why,
                 "revision": p.revision,
                 "fixed_in": p.fixed_in,
+                "releases": releases,
                 "proven_window": p.window,
                 "refs": list(p.refs),
-                "rewrites": [{"path": r.path, "versions": r.versions} for r in p.rewrites],
+                "rewrites": [
+                    {"path": r.path, "versions": r.versions, "fixed_in": p.fixed_in_for(r)} for r in p.rewrites
+                ],
                 "source": origin,
             }
         )
-        rows.append([p.id, p.package, " | ".join(r.versions for r in p.rewrites), p.fixed_in or "open", p.summary])
-        detail = f"{p.id} (r{p.revision}, {origin}, proven {p.window})\n  {p.why}"
+        rows.append([p.id, p.package, releases, fixed_in_text(p)])
+        summaries.append(p.summary)
+        detail = [f"{p.id} (r{p.revision}, {origin}, proven {p.window})", wrap(p.why, width, indent="  ", hanging="")]
         if p.refs:
-            detail += f"\n  upstream: {', '.join(p.refs)}"
-        details.append(detail + "".join(f"\n  {r.versions:<22} {r.path}" for r in p.rewrites))
-    text = table(["PATCH", "PACKAGE", "RELEASES", "FIXED IN", "SUMMARY"], rows)
+            detail.append(wrap(f"upstream: {', '.join(p.refs)}", width, indent="  "))
+        files = table(
+            ["RELEASES", "FIXED IN", "FILE"],
+            [[release_span([r.versions]), p.fixed_in_for(r) or OPEN, r.path] for r in p.rewrites],
+            width and width - 2,
+            narrow=(2,),
+        )
+        details.append("\n".join([*detail, textwrap.indent(files, "  ")]))
+    headers = ["PATCH", "PACKAGE", "RELEASES", "FIXED IN"]
+    if width is None:
+        text = table([*headers, "SUMMARY"], [[*r, s] for r, s in zip(rows, summaries)])
+    else:
+        text = table(headers, rows, width, narrow=(0, 3), notes=summaries)
     return "\n\n".join([text, *details]), docs
 
 
@@ -102,25 +283,25 @@ def _lost_outcome(lost: Lost, now: Finding) -> str:
     }.get(now.outcome, f"it could not be re-applied: {now.outcome.value}")
 
 
-def print_cache_notes(result) -> None:
+def print_cache_notes(result, width: int | None = None) -> None:
     for path in result.jit_cache_removed:
-        print(f"removed the JIT cache {path}: its kernels were built from the old sources")
+        print(wrap(f"removed the JIT cache {path}: its kernels were built from the old sources", width))
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
 
 
-def print_plan(plan: Plan, debug: bool) -> None:
-    print(f"target: {plan.target.description}")
+def print_plan(plan: Plan, debug: bool, width: int | None = None) -> None:
+    print(wrap(f"target: {plan.target.description}", width))
     for problem in plan.blockers:
         print(f"error: {problem}", file=sys.stderr)
     for message in lost_messages(plan):
-        print(message)
-    print_cache_notes(plan)
-    print(findings_table(plan.findings, debug))
+        print(wrap(message, width))
+    print_cache_notes(plan, width)
+    print(findings_table(plan.findings, debug, width))
     for hint in dict.fromkeys(f"{f.patch.id}: {f.hint}" for f in plan.errors if f.hint):
-        print(f"next: {hint}")
+        print(wrap(f"next: {hint}", width))
     if unproven := unproven_summary(plan):
-        print(unproven)
+        print(wrap(unproven, width))
 
 
 def _detail(f: Finding, debug: bool) -> str:
@@ -131,20 +312,17 @@ def _detail(f: Finding, debug: bool) -> str:
     return detail
 
 
-def findings_table(findings: list[Finding], debug: bool) -> str:
-    rows = [
-        [
-            f.patch.id,
-            f.patch.package,
-            f.version or "-",
-            f.outcome.value,
-            f.fixed_in or "-",
-            f.path or "-",
-            _detail(f, debug),
-        ]
-        for f in findings
-    ]
-    return table(["PATCH", "PACKAGE", "VERSION", "OUTCOME", "UPSTREAM FIX", "FILE", "DETAIL"], rows)
+def findings_table(findings: list[Finding], debug: bool, width: int | None = None) -> str:
+    """One row per (patch, file). Fitted to a width, the file and the detail go on a line
+    of their own under the row; with --wide (no width) they are its last two columns."""
+    headers = ["PATCH", "PACKAGE", "VERSION", "OUTCOME", "FIXED IN"]
+    rows = [[f.patch.id, f.patch.package, f.version or NONE, f.outcome.value, f.fixed_in or OPEN] for f in findings]
+    if width is None:
+        return table(
+            [*headers, "FILE", "DETAIL"], [[*r, f.path or NONE, _detail(f, debug)] for r, f in zip(rows, findings)]
+        )
+    notes = [": ".join(x for x in (f.path, _detail(f, debug)) if x) for f in findings]
+    return table(headers, rows, width, narrow=(0, 1), notes=notes)
 
 
 def summary(findings: list[Finding]) -> str:
@@ -182,10 +360,20 @@ def plan_json(command: str, plan: Plan, code: int, extra: dict | None = None) ->
     }
 
 
-def restore_table(rows: list[Restore]) -> str:
+def restore_table(rows: list[Restore], width: int | None = None) -> str:
+    """One row per file `unpatch` restores. Fitted to a width, the row names the patches and
+    the file and the detail follow on a line of their own; with --wide, one line, file first."""
+    if width is None:
+        return table(
+            ["FILE", "PACKAGE", "VERSION", "PATCHES", "OUTCOME", "DETAIL"],
+            [[r.path, r.package, r.version, ",".join(r.patch_ids), _plain(r.outcome), r.detail] for r in rows],
+        )
     return table(
-        ["FILE", "PACKAGE", "VERSION", "PATCHES", "OUTCOME", "DETAIL"],
-        [[r.path, r.package, r.version, ",".join(r.patch_ids), r.outcome, r.detail] for r in rows],
+        ["PATCHES", "PACKAGE", "VERSION", "OUTCOME"],
+        [[", ".join(r.patch_ids), r.package, r.version, _plain(r.outcome)] for r in rows],
+        width,
+        narrow=(0,),
+        notes=[": ".join(x for x in (r.path, r.detail) if x) for r in rows],
     )
 
 
@@ -193,18 +381,15 @@ def restore_table(rows: list[Restore]) -> str:
 
 
 def _ago(then: float | None) -> str:
-    if not then:
-        return "-"
-    seconds = max(0, int(time.time() - then))
-    if seconds < 120:
-        return f"{seconds}s ago"
-    if seconds < 7200:
-        return f"{seconds // 60}m ago"
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(then))
+    from sm120kit.serve.clock import age
+
+    return f"{age(time.time() - then)} ago" if then else "-"
 
 
 def ps_row(run: dict) -> list[str]:
     """One line of `sm120kit ps` from a run's state.json."""
+    from sm120kit.serve.status import TERMINAL
+
     health = run.get("last_health") or {}
     last = (
         f"{'ok' if health.get('ok') else 'FAILED'} {health.get('detail', '')} ({_ago(health.get('at'))})"
@@ -212,9 +397,7 @@ def ps_row(run: dict) -> list[str]:
         else "-"
     )
     pid = run.get("supervisor_pid", "-")
-    supervisor = (
-        str(pid) if run.get("running") else "-" if run.get("status") in ("stopped", "gave-up") else f"{pid} (gone)"
-    )
+    supervisor = str(pid) if run.get("running") else "-" if run.get("status") in TERMINAL else f"{pid} (gone)"
     return [
         run.get("profile", "?"),
         run.get("status", "?"),
@@ -225,3 +408,20 @@ def ps_row(run: dict) -> list[str]:
         last,
         f"{run.get('host', '?')}:{run.get('port', '?')}",
     ]
+
+
+def ps_table(runs: list[dict], width: int | None = None) -> str:
+    """`sm120kit ps`: one row per run. Fitted to a width, the pids and the last health probe
+    go on a line of their own under the row; with --wide, one line per run."""
+    headers = ["PROFILE", "STATUS", "SUPERVISOR", "SERVER", "SINCE", "RESTARTS", "LAST HEALTH", "PORT"]
+    rows = [dict(zip(headers, ps_row(run))) for run in runs]
+    if width is None:
+        return table(headers, [list(row.values()) for row in rows])
+    columns = ["PROFILE", "STATUS", "SINCE", "RESTARTS", "PORT"]
+    return table(
+        columns,
+        [[row[c] for c in columns] for row in rows],
+        width,
+        narrow=(0, 1, 2),
+        notes=[f"supervisor {r['SUPERVISOR']}, server {r['SERVER']}, last health {r['LAST HEALTH']}" for r in rows],
+    )

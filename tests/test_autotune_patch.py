@@ -12,9 +12,9 @@ import pytest
 from conftest import WINDOW, wheel_bytes
 from packaging.version import Version
 
-from sm120kit.patching.engine import _transform
 from sm120kit.patching.registry import load_patches
 from sm120kit.patching.spec import Outcome
+from sm120kit.patching.transform import run_rewrites
 
 PATCH = next(p for p in load_patches() if p.id == "sglang-moe-autotune-flashinfer-cutlass")
 BUGGY = [v for v in WINDOW if Version(v) < Version("0.5.13")]
@@ -24,7 +24,7 @@ FIXED = [v for v in WINDOW if Version(v) >= Version("0.5.13")]
 def run(version: str, source: bytes | None = None):
     [rewrite] = PATCH.rewrites_for(version)
     source = wheel_bytes(version, rewrite.path) if source is None else source
-    after, [finding] = _transform(source, [(PATCH, rewrite)], version, rewrite.path)
+    after, [finding] = run_rewrites(source, [(PATCH, rewrite)], version, rewrite.path)
     return source, after, finding
 
 

@@ -55,7 +55,8 @@ def test_the_plateau_of_the_field_report():
     v = verdict(levels(BEFORE))
     assert v.plateau_from == 64 and v.best.concurrency == 512
     assert v.lines[0] == (
-        "512 vs 256: +3.7% — throughput has plateaued near 912 tok/s from concurrency 64 on (each doubling gains under 10%); the limit is not concurrency"
+        "512 vs 256: +3.7% — throughput has plateaued near 912 tok/s from concurrency 64 on "
+        "(each doubling gains under 10%); the limit is not concurrency"
     )
     assert v.lines[1] == "per doubling: 64 vs 32: +72.8%, 128 vs 64: +6.5%, 256 vs 128: +9.2%, 512 vs 256: +3.7%"
 
@@ -121,6 +122,7 @@ def bench(server: Served, out: Path, plan: dict, *extra: str) -> subprocess.Comp
         f"server.port={server.port}",
         "--out",
         str(out),
+        "--wide",  # a level's error on one line, as the assertions read it
         *extra,
     ]
     env = {**server.env, "SGLANG_STANDIN_BENCH": json.dumps(plan)}
@@ -176,8 +178,8 @@ def test_failed_requests_and_a_crashed_level_are_reported_and_the_sweep_goes_on(
     assert done.returncode == 1
     assert "concurrency 128: 192 of 384 requests failed" in done.stdout
     assert (
-        "FAILED: the client wrote no result (exit code 1): aiohttp.client_exceptions.ServerDisconnectedError: Server disconnected; see c256.log"
-        in done.stdout
+        "FAILED: the client wrote no result (exit code 1): "
+        "aiohttp.client_exceptions.ServerDisconnectedError: Server disconnected; see c256.log" in done.stdout
     )
     run = json.loads((tmp_path / "r" / "run.json").read_text())
     assert [lv["failed"] for lv in run["levels"]] == [0, 192, 768]

@@ -5,8 +5,11 @@ A module of its own: no other stand-in server may run meanwhile (it would be sta
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -120,3 +123,80 @@ def test_a_server_with_an_api_key(env_python, tmp_path):
     del env["BENCH_KEY"]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2 and "server.api_key_env is BENCH_KEY, but $BENCH_KEY is empty or not set" in done.stderr
+
+
+def bench_serve_argv(s: Served, env_python: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "sm120kit",
+        "bench",
+        "standin",
+        "--serve",
+        "--python",
+        str(env_python),
+        "--profile-dir",
+        str(PROFILES),
+        "--no-gpu-check",
+        "--set",
+        f"server.port={s.port}",
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def first_level_done(out: Path, proc: subprocess.Popen) -> None:
+    end = time.monotonic() + 60
+    while time.monotonic() < end and proc.poll() is None:
+        if (out / "run.json").exists() and json.loads((out / "run.json").read_text())["levels"]:
+            return
+        time.sleep(0.05)
+    raise AssertionError("no level finished")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_mid_sweep_stops_the_server_and_keeps_the_finished_levels(env_python, tmp_path, sig):
+    """Ctrl-C (the terminal's SIGINT reaches bench alone: the server runs in a session of
+    its own) or SIGTERM: the supervisor's clean stop, exit 130, the finished levels kept."""
+    s = Served(tmp_path / "own", env_python, {"load_s": 0.2}, [], [], {})
+    out = tmp_path / "r"
+    env = {**s.env, "SGLANG_STANDIN_BENCH": json.dumps({"total": {"32": 438, "64": 757}, "sleep_s": 3.0})}
+    argv = bench_serve_argv(s, env_python, out, "--concurrency", "32,64")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    first_level_done(out, proc)
+    os.kill(proc.pid, sig)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stdout + stderr
+    assert "stopped the server (sm120kit serve exit code 0)" in stdout
+    assert [e["event"] for e in s.events()][-2:] == ["stopping", "stopped"] and s.events("stopped")[0]["clean"]
+    assert [lv["concurrency"] for lv in json.loads((out / "run.json").read_text())["levels"]] == [32]
+    assert not s.ours()
+
+
+def test_a_bench_killed_outright_still_stops_its_server(env_python, tmp_path):
+    """SIGKILL leaves bench no chance: the supervisor, tied to it, stops the server itself."""
+    s = Served(tmp_path / "own", env_python, {"load_s": 0.2}, [], [], {})
+    out = tmp_path / "r"
+    env = {**s.env, "SGLANG_STANDIN_BENCH": json.dumps({"total": {"32": 438, "64": 757}, "sleep_s": 3.0})}
+    argv = bench_serve_argv(s, env_python, out, "--concurrency", "32,64")
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    first_level_done(out, proc)
+    proc.kill()
+    proc.wait()
+    end = time.monotonic() + 30
+    while time.monotonic() < end and not s.events("stopped"):
+        time.sleep(0.1)
+    assert s.events("stopped") and s.events("stopped")[0]["clean"], [e["event"] for e in s.events()]
+    assert not s.ours()
+
+
+def test_json_keeps_stdout_for_the_document(env_python, tmp_path):
+    s = Served(tmp_path / "own", env_python, {"load_s": 0.2}, [], [], {})
+    argv = bench_serve_argv(s, env_python, tmp_path / "r", "--concurrency", "64", "--json")
+    env = {**s.env, "SGLANG_STANDIN_BENCH": json.dumps({"total": {"64": 757}})}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["exit_code"] == 0 and [lv["concurrency"] for lv in doc["levels"]] == [64] and doc["finished"]
+    assert "preflight for standin" in done.stderr and "stopped the server" in done.stderr

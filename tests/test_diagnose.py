@@ -32,7 +32,8 @@ def test_triton_shared_memory_names_the_kernel(required, kernel):
     [
         ("AttributeError: 'PrefillMetadata' object has no attribute 'page_table_1_flattened'", "dsa-page-table"),
         (
-            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 95.59 GiB",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+            "GPU 3 has a total capacity of 95.59 GiB",
             "cuda-out-of-memory",
         ),
         (
@@ -42,7 +43,8 @@ def test_triton_shared_memory_names_the_kernel(required, kernel):
         ("RuntimeError: No supported CUDA architectures found for major versions [10].", "flashinfer-no-arch"),
         ("RuntimeError: CUDA error: an illegal instruction was encountered", "illegal-instruction"),
         (
-            "OSError: [Errno 98] error while attempting to bind on address ('127.0.0.1', 30000): Address already in use",
+            "OSError: [Errno 98] error while attempting to bind on address ('127.0.0.1', 30000): "
+            "Address already in use",
             "address-in-use",
         ),
     ],

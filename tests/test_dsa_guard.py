@@ -12,9 +12,9 @@ import types
 import pytest
 from conftest import WINDOW, wheel_bytes
 
-from sm120kit.patching.engine import _transform
 from sm120kit.patching.registry import load_patches
 from sm120kit.patching.spec import Outcome
+from sm120kit.patching.transform import run_rewrites
 
 PATCH = next(p for p in load_patches() if p.id == "sglang-dsa-page-table-guard")
 TABLE, ONE_SHOT = "dsa-page-table", "one-shot-indices"
@@ -83,7 +83,7 @@ def reader(source: bytes):
 def patched(version: str) -> tuple[bytes, bytes]:
     [rewrite] = PATCH.rewrites_for(version)
     before = wheel_bytes(version, rewrite.path)
-    after, [finding] = _transform(before, [(PATCH, rewrite)], version, rewrite.path)
+    after, [finding] = run_rewrites(before, [(PATCH, rewrite)], version, rewrite.path)
     assert finding.outcome is Outcome.WOULD_APPLY
     return before, after
 
@@ -109,7 +109,7 @@ def test_table_present_is_used_and_missing_table_falls_back(version):
 def test_second_pass_is_a_no_op(version):
     [rewrite] = PATCH.rewrites_for(version)
     _, after = patched(version)
-    again, [finding] = _transform(after, [(PATCH, rewrite)], version, rewrite.path)
+    again, [finding] = run_rewrites(after, [(PATCH, rewrite)], version, rewrite.path)
     assert finding.outcome is Outcome.ALREADY_APPLIED and again == after
 
 
@@ -119,10 +119,11 @@ def test_an_upstream_fallback_is_fixed_upstream():
     before = wheel_bytes("0.5.23", rewrite.path)
     edited = before.replace(
         b"kv_indices = backend.forward_metadata.page_table_1_flattened",
-        b"kv_indices = getattr(backend.forward_metadata, 'page_table_1_flattened', None) or forward_batch.fetch_mha_one_shot_kv_indices()",
+        b"kv_indices = getattr(backend.forward_metadata, 'page_table_1_flattened', None) "
+        b"or forward_batch.fetch_mha_one_shot_kv_indices()",
     )
     assert edited != before
-    after, [finding] = _transform(edited, [(PATCH, rewrite)], "0.5.23", rewrite.path)
+    after, [finding] = run_rewrites(edited, [(PATCH, rewrite)], "0.5.23", rewrite.path)
     assert finding.outcome is Outcome.FIXED_UPSTREAM and after == edited
 
 
@@ -131,5 +132,5 @@ def test_unknown_shape_is_anchor_missing():
     before = wheel_bytes("0.5.23", rewrite.path).replace(
         b"kv_indices = backend.forward_metadata.page_table_1_flattened", b"kv_indices = backend.page_table()"
     )
-    after, [finding] = _transform(before, [(PATCH, rewrite)], "0.5.23", rewrite.path)
+    after, [finding] = run_rewrites(before, [(PATCH, rewrite)], "0.5.23", rewrite.path)
     assert finding.outcome is Outcome.ANCHOR_MISSING and after == before

@@ -8,7 +8,7 @@ import libcst as cst
 import pytest
 from conftest import install, tree_snapshot
 
-from sm120kit.patching import engine
+from sm120kit.patching import apply, planning
 from sm120kit.patching.cst_tools import marker_line
 from sm120kit.patching.spec import Outcome, Patch, Rewrite, Rewritten
 from sm120kit.target import resolve_target
@@ -49,7 +49,7 @@ def test_misbehaving_transform_is_failed_and_nothing_written(site, transform, sa
     install(site, "0.5.10")
     patch = Patch("bad", "sglang", "s", "w", (Rewrite("sglang/version.py", ">=0.5.9", transform),))
     before = tree_snapshot(site)
-    result = engine.apply(resolve_target(site=str(site)), [patch])
+    result = apply.apply(resolve_target(site=str(site)), [patch])
     [finding] = result.findings
     assert finding.outcome is Outcome.FAILED and says in finding.detail
     assert result.exit_code(check=False) == 2
@@ -66,7 +66,7 @@ def test_out_of_window_versions(site):
     fixed = Patch("fixed", "sglang", "s", "w", (Rewrite("sglang/version.py", "<0.5.5", grows),), fixed_in="0.5.6")
     absent = Patch("absent", "sglang", "s", "w", (Rewrite("sglang/not_there.py", ">=0.5.9", grows),))
     other = Patch("other", "flashinfer-python", "s", "w", (Rewrite("flashinfer/x.py", ">=0", grows),))
-    findings = {f.patch.id: f for f in engine.plan(target, [newer, past, fixed, absent, other]).findings}
+    findings = {f.patch.id: f for f in planning.plan(target, [newer, past, fixed, absent, other]).findings}
     outcomes = {pid: (f.outcome, f.detail) for pid, f in findings.items()}
     assert outcomes["newer"] == (Outcome.NOT_APPLICABLE, "sglang 0.5.10 is outside >=0.5.11,<0.5.20")
     assert outcomes["past"] == (Outcome.FAILED, "unstable: a second pass would change the code again")

@@ -140,18 +140,18 @@ def test_lost_ledger_is_still_recognised(cli, site10):
     code, doc = cli.json("status", "--site", site10, "--only", "sglang-moe-autotune-flashinfer-cutlass")
     [row] = doc["results"]
     assert code == 0 and row["outcome"] == "already-applied" and "state was lost" in row["detail"]
-    code, out, _err = cli("unpatch", "--site", site10)
+    code, out, _err = cli("unpatch", "--site", site10, "--wide")  # each row and its detail on one line
     assert code == 2 and "no-backup" in out and "pip install --force-reinstall --no-deps sglang==0.5.10" in out
 
 
 def test_reinstall_of_same_version_is_reported(cli, site10):
     assert cli("patch", "--site", site10)[0] == 0
     install(site10, "0.5.10")  # pip install --force-reinstall
-    code, out, _ = cli("status", "--site", site10)
+    code, out, _ = cli("status", "--site", site10, "--wide")  # each message on one line
     assert code == 1
     assert (
-        "sglang 0.5.10: patch sglang-moe-autotune-flashinfer-cutlass was lost (the file was reinstalled); run `sm120kit patch` to re-apply it"
-        in out
+        "sglang 0.5.10: patch sglang-moe-autotune-flashinfer-cutlass was lost (the file was reinstalled); "
+        "run `sm120kit patch` to re-apply it" in out
     )
 
 

@@ -18,9 +18,9 @@ import pytest
 from conftest import WINDOW, flashinfer_pin
 from packaging.version import Version
 
-from sm120kit.patching.engine import _transform
 from sm120kit.patching.registry import load_patches
 from sm120kit.patching.spec import Outcome
+from sm120kit.patching.transform import run_rewrites
 
 # sglang release -> the flashinfer-python it pins (Requires-Dist in the wheel's METADATA).
 PINS = {v: flashinfer_pin(v) for v in WINDOW}
@@ -60,7 +60,7 @@ def wheel_file(version: str, relpath: str) -> bytes:
 def run(patch, version: str, source: bytes | None = None):
     [rewrite] = patch.rewrites_for(version)
     source = wheel_file(version, rewrite.path) if source is None else source
-    after, [finding] = _transform(source, [(patch, rewrite)], version, rewrite.path)
+    after, [finding] = run_rewrites(source, [(patch, rewrite)], version, rewrite.path)
     return source, after, finding
 
 

@@ -26,7 +26,10 @@ FOREIGN = "import setproctitle, time; setproctitle.setproctitle('sglang::schedul
 def foreign_orphan() -> int:
     """An orphaned `sglang::scheduler_TP0` outside the scope of a test run started later:
     started through a parent that exits at once."""
-    spawn = f"import subprocess, sys; print(subprocess.Popen([sys.executable, '-c', {FOREIGN!r}], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)"
+    spawn = (
+        f"import subprocess, sys; print(subprocess.Popen([sys.executable, '-c', {FOREIGN!r}], "
+        "start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)"
+    )
     pid = int(subprocess.run([sys.executable, "-c", spawn], capture_output=True, text=True, check=True).stdout)
     proc = psutil.Process(pid)
     for _ in range(100):  # until its title is set
@@ -55,7 +58,10 @@ def test_the_preflight_tests_give_the_same_results_with_a_foreign_sglang_process
             "tests/test_serve.py",
             "tests/test_serve_parts.py",
         ]
-        done = subprocess.run(argv, check=False, cwd=ROOT, capture_output=True, text=True, timeout=400)
+        # os.environ, not this process's C environment: a library loaded here may have set COLUMNS=80
+        # there, and the output would be fitted to it
+        env = dict(os.environ)
+        done = subprocess.run(argv, check=False, cwd=ROOT, capture_output=True, text=True, timeout=400, env=env)
         summary = done.stdout.strip().splitlines()[-1]
         assert done.returncode == 0 and " passed" in summary and "failed" not in summary, done.stdout[-4000:]
         assert psutil.Process(pid).cmdline()[:1] == ["sglang::scheduler_TP0"]  # --kill-stale left it alone

@@ -36,7 +36,7 @@ def test_patch_and_unpatch_drop_the_cache(cli, site, jit_home):
     assert not cache.exists() and other.exists()
 
     cache = build_cache(jit_home, "0.6.3")  # rebuilt from the patched sources, then...
-    code, out, _ = cli("unpatch", "--site", site)
+    code, out, _ = cli("unpatch", "--site", site, "--wide")  # each message on one line
     assert code == 0 and f"removed the JIT cache {cache}" in out and not cache.exists()
 
 

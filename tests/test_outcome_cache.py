@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import install
 
-import sm120kit.patching.engine as engine
+from sm120kit.patching import apply, transform
 from sm120kit.patching.registry import load_patches
 from sm120kit.target import resolve_target
 
@@ -16,13 +16,13 @@ ONLY = ("--only", "sglang-moe-autotune-flashinfer-cutlass")
 @pytest.fixture
 def counted(monkeypatch):
     calls = []
-    real = engine._transform
+    real = transform.run_rewrites
 
     def counting(*args, **kwargs):
         calls.append(args[3])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "_transform", counting)
+    monkeypatch.setattr(transform, "run_rewrites", counting)
     return calls
 
 
@@ -54,4 +54,4 @@ def test_apply_and_verify_do_not_trust_the_cache(cli, site, counted):
     counted.clear()
     target = resolve_target(site=str(site))
     patches = [p for p in load_patches() if p.id == ONLY[1]]
-    assert engine.verify(target, patches) == [] and counted == [GATE]
+    assert apply.verify(target, patches) == [] and counted == [GATE]

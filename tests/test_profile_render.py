@@ -182,6 +182,6 @@ def test_an_alias_of_an_owned_flag_in_the_installed_release_is_refused():
     with pytest.raises(UserError) as err:
         render(profile, FlagSchema(real.version, flags))
     assert (
-        "extra_args.'--bind-host': sglang 0.5.23 reads it as --host: --host is rendered from server.host: set server.host instead"
-        in str(err.value)
+        "extra_args.'--bind-host': sglang 0.5.23 reads it as --host: "
+        "--host is rendered from server.host: set server.host instead" in str(err.value)
     )

@@ -63,7 +63,7 @@ def test_lifecycle(version, site, cli):
     upgrade = next_release(version)
     if upgrade:
         install(site, upgrade)
-        code, out, _ = cli("patch", "--verify", "--site", site)
+        code, out, _ = cli("patch", "--verify", "--site", site, "--wide")  # each message on one line
         assert code == 0, out
         new = {"sglang": upgrade, "flashinfer-python": flashinfer_pin(upgrade)}
         for r in doc["results"]:

@@ -81,7 +81,7 @@ def test_outdated_revision_is_rebuilt_and_unpatched(patch_id, site, tmp_path, cl
     assert cli("patch", "--check", "--site", site, "--patch-dir", r2, "--only", patch_id)[0] == 1
     assert tree_snapshot(site) == before
 
-    code, out, err = cli("patch", "--verify", "--site", site, "--patch-dir", r2, "--only", patch_id)
+    code, out, err = cli("patch", "--verify", "--site", site, "--patch-dir", r2, "--only", patch_id, "--wide")
     assert code == 0, out + err
     assert "verified" in out and "rebuilt from the vendor's bytes" in out
     assert markers(site, written, patch_id) == {"r2"}  # not r2 on top of r1
@@ -156,7 +156,8 @@ def test_a_revision_that_finds_the_fix_upstream_leaves_the_vendor_bytes_unrecord
     source = (
         "from sm120kit.patching.spec import FixedUpstream, Patch, Rewrite\n"
         "PATCH = Patch(id='sglang-dsa-page-table-guard', package='sglang', summary='s', why='w', revision=2,\n"
-        f"    rewrites=(Rewrite({FORWARD_MHA!r}, '>=0.5.9,<=0.5.23', lambda m, c: FixedUpstream('upstream has it')),))\n"
+        f"    rewrites=(Rewrite({FORWARD_MHA!r}, '>=0.5.9,<=0.5.23', "
+        "lambda m, c: FixedUpstream('upstream has it')),))\n"
     )
     patch_dir(tmp_path / "r2", "sglang", "dsa", source)
     code, doc = cli.json("patch", "--site", site, "--patch-dir", tmp_path / "r2", "--only", patch_id)

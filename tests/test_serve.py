@@ -27,11 +27,17 @@ from standin import Served, foreign_server, free_port, make_env_python
 from sm120kit.serve import procs
 
 VERSION = "0.5.23"
-TRITON_SMEM = "triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 147456, Hardware limit: 101376. Reducing block sizes or `num_stages` may help."
+TRITON_SMEM = (
+    "triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 147456, Hardware limit: 101376. "
+    "Reducing block sizes or `num_stages` may help."
+)
 DEATHS = {
     "triton-shared-memory": TRITON_SMEM,
     "dsa-page-table": "AttributeError: 'PrefillMetadata' object has no attribute 'page_table_1_flattened'",
-    "cuda-out-of-memory": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 95.59 GiB",
+    "cuda-out-of-memory": (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+        "GPU 3 has a total capacity of 95.59 GiB"
+    ),
     "nccl": "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error",
     "flashinfer-no-arch": "RuntimeError: No supported CUDA architectures found for major versions [10].",
     "illegal-instruction": "RuntimeError: CUDA error: an illegal instruction was encountered",
@@ -140,8 +146,8 @@ def test_a_crash_then_a_good_start(serve, tmp_path):
     row = next(r for r in out["runs"] if r["profile"] == "standin")
     assert row["running"] and row["status"] == "ready" and row["restarts"] == 1 and row["last_health"]["ok"]
     text = subprocess.run(
-        [sys.executable, "-m", "sm120kit", "ps"], capture_output=True, text=True, env=s.env, check=True
-    ).stdout
+        [sys.executable, "-m", "sm120kit", "ps", "--wide"], capture_output=True, text=True, env=s.env, check=True
+    ).stdout  # --wide: every column on the row, as the assertions read it
     assert text.splitlines()[0].split() == [
         "PROFILE",
         "STATUS",
@@ -465,6 +471,7 @@ def test_required_patches_are_verified_before_a_start(serve, env_python):
         "--no-gpu-check",
         "--set",
         f"server.port={s.port}",
+        "--wide",  # each check on one line, as the assertions read it
     ]
     out = subprocess.run(argv, capture_output=True, text=True, env=s.env)
     assert out.returncode == 1
@@ -499,6 +506,6 @@ def ps(s: Served) -> tuple[int, dict, str]:
 
 
 def run_check(s: Served, *extra: str) -> tuple[int, str]:
-    argv = [*s.argv, "--check", *extra]
+    argv = [*s.argv, "--check", "--wide", *extra]  # --wide: each check on one line, as the assertions read it
     proc = subprocess.run(argv, capture_output=True, text=True, env=s.env, timeout=60)
     return proc.returncode, proc.stdout + proc.stderr

@@ -10,13 +10,20 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 from standin import PROFILES, free_port, make_env_python
 
+from sm120kit.node.check import Status
+from sm120kit.node.checks import serving
+from sm120kit.node.checks.gpus import gpus as gpus_check
+from sm120kit.node.nvml_schema import Gpu, NvmlDocument, visible
+from sm120kit.node.registry import CheckInputs
+from sm120kit.node.snapshot import Snapshot
 from sm120kit.profiles.model import Health, Profile
-from sm120kit.serve import gpus, preflight, procs
+from sm120kit.serve import procs
 from sm120kit.serve.progress import LineSplitter, phase_of
 from sm120kit.serve.rundir import copy_truncate, rotate
 from sm120kit.serve.supervisor import Policy
@@ -28,18 +35,24 @@ def profile(**parts) -> Profile:
     return Profile.model_validate(parts)
 
 
+def inputs(profile=None, env=None, gpus=None, **choices) -> CheckInputs:
+    """What a check looks at: this environment, and NVML answering with these GPUs."""
+    doc = {"gpus": [g.model_dump() for g in gpus or []]}
+    return CheckInputs(Snapshot(Path("/"), env or {}, lambda: doc), profile, **choices)
+
+
 def test_port_plan_follows_sglang_port_args():
-    assert preflight.port_plan(profile()) == [("server.port", "127.0.0.1", 30000)]
+    assert serving.port_plan(profile()) == [("server.port", "127.0.0.1", 30000)]
     dp = profile(server={"port": 30000}, extra_args={"--enable-dp-attention": True, "--nccl-port": 29500})
-    plan = preflight.port_plan(dp)
+    plan = serving.port_plan(dp)
     assert ("--nccl-port", "127.0.0.1", 29500) in plan
     assert [p for _, _, p in plan if p > 30000] == list(range(30233, 30239))  # --port + ZMQ_TCP_PORT_DELTA
-    high = preflight.port_plan(profile(server={"port": 65500}, extra_args={"--enable-dp-attention": True}))
+    high = serving.port_plan(profile(server={"port": 65500}, extra_args={"--enable-dp-attention": True}))
     assert [p for _, _, p in high][1:] == list(range(65267, 65273))  # sglang steps down near 65535
     rank0 = profile(parallel={"nnodes": 2, "node_rank": 0, "dist_init_addr": "10.0.0.1:5000"})
-    assert preflight.port_plan(rank0)[-1] == ("parallel.dist_init_addr", "0.0.0.0", 5000)
+    assert serving.port_plan(rank0)[-1] == ("parallel.dist_init_addr", "0.0.0.0", 5000)
     rank1 = profile(parallel={"nnodes": 2, "node_rank": 1, "dist_init_addr": "10.0.0.1:5000"})
-    assert len(preflight.port_plan(rank1)) == 1  # only rank 0 binds the rendezvous port
+    assert len(serving.port_plan(rank1)) == 1  # only rank 0 binds the rendezvous port
 
 
 @pytest.mark.parametrize(
@@ -53,7 +66,8 @@ def test_port_plan_follows_sglang_port_args():
         ("[2026-11-29 10:00:36 TP0] Load weight end. elapsed=36.20 s, type=GlmMoeDsaForCausalLM", "weights loaded"),
         ("[2026-11-29 10:00:40 TP0] Memory pool end. avail mem=12.02 GB", "KV cache allocated"),
         (
-            "[2026-11-29 10:00:41 TP0] Capture cuda graph begin. This can take up to several minutes. avail mem=11.9 GB",
+            "[2026-11-29 10:00:41 TP0] Capture cuda graph begin. This can take up to several minutes. "
+            "avail mem=11.9 GB",
             "capturing CUDA graphs",
         ),
         ("Capturing batches (bs=512 avail_mem=11.02 GB):  10%|", "capturing CUDA graphs"),
@@ -107,64 +121,62 @@ def test_copy_truncate_keeps_an_appending_writer_writing(tmp_path):
     assert log.read_bytes() == b"new line\n" and (tmp_path / "server.log.1").read_bytes() == b"old line\n"
 
 
-def gpu(index, cc="12.0", free=90, total=96, processes=None) -> gpus.Gpu:
-    return gpus.Gpu(
-        index,
-        "NVIDIA RTX PRO 6000 Blackwell Server Edition",
-        f"GPU-{index:04d}-aaaa",
-        cc,
-        total * GiB,
-        free * GiB,
-        processes or {},
+def gpu(index, cc="12.0", free=90, total=96, processes=None) -> Gpu:
+    """A GPU as NVML's document has it (MiB; free and total given in GiB)."""
+    return Gpu(
+        index=index,
+        name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        uuid=f"GPU-{index:04d}-aaaa",
+        compute_capability=cc,
+        memory_total_mib=total * 1024,
+        memory_used_mib=(total - free) * 1024,
+        memory_free_mib=free * 1024,
+        processes={str(pid): used // (1 << 20) for pid, used in (processes or {}).items()},
     )
 
 
 def test_cuda_visible_devices_by_index_and_uuid():
     eight = [gpu(i) for i in range(8)]
-    assert [g.index for g in gpus.visible(eight, {})] == list(range(8))
-    assert [g.index for g in gpus.visible(eight, {"CUDA_VISIBLE_DEVICES": "4,5,6,7"})] == [4, 5, 6, 7]
-    assert [g.index for g in gpus.visible(eight, {"CUDA_VISIBLE_DEVICES": "GPU-0003,1"})] == [3, 1]
-    assert [g.index for g in gpus.visible(eight, {"CUDA_VISIBLE_DEVICES": "0,9,1"})] == [0]  # CUDA stops at a bad entry
-    assert gpus.visible(eight, {"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert [g.index for g in visible(eight, {})] == list(range(8))
+    assert [g.index for g in visible(eight, {"CUDA_VISIBLE_DEVICES": "4,5,6,7"})] == [4, 5, 6, 7]
+    assert [g.index for g in visible(eight, {"CUDA_VISIBLE_DEVICES": "GPU-0003,1"})] == [3, 1]
+    assert [g.index for g in visible(eight, {"CUDA_VISIBLE_DEVICES": "0,9,1"})] == [0]  # CUDA stops at a bad entry
+    assert visible(eight, {"CUDA_VISIBLE_DEVICES": ""}) == []
 
 
 @pytest.mark.parametrize(
     "found, problem",
     [
         ([gpu(i) for i in range(8)], None),
-        ([gpu(i) for i in range(4)], "the profile needs 8 GPUs; 4 visible"),
-        (
-            [gpu(i, cc="9.0") for i in range(8)],
-            "the profile is for compute capability 12.0; GPU 0 (NVIDIA RTX PRO 6000 Blackwell Server Edition) is 9.0",
-        ),
+        ([gpu(i) for i in range(4)], "the profile needs 8 GPUs, 4 found"),
+        ([gpu(i, cc="9.0") for i in range(8)], "the profile is for compute capability 12.0 (SM120); GPU 0-7 is not"),
         (
             [gpu(0, free=6, processes={4242: 88 * GiB})] + [gpu(i) for i in range(1, 8)],
             "GPU 0 has 6144 of 98304 MiB free, below 0.85 of it; held by pid 4242 (90112 MiB)",
         ),
     ],
 )
-def test_gpu_check_rules(monkeypatch, found, problem):
-    monkeypatch.setattr(gpus, "read_gpus", lambda: found)
+def test_gpu_check_rules(found, problem):
     glm = profile(node={"gpus": 8, "compute_capability": "12.0"}, engine={"mem_fraction_static": 0.85})
-    check = preflight.check_gpus(glm, {})
-    assert check.ok is (problem is None)
+    check = gpus_check(inputs(glm, gpus=found))
+    assert check.status is (Status.OK if problem is None else Status.FAIL)
     if problem:
-        assert problem in check.detail and "--no-gpu-check" in check.hint
+        assert problem in check.detail and "--no-gpu-check" in check.fix
 
 
 def test_serve_reads_the_gpus_from_doctors_nvml_document():
     """One reader: the preflight's GPUs are those of the document doctor reports (here one
     recorded on a real H200 node, before it reported free memory)."""
     import json
-    from pathlib import Path
 
     doc = json.loads((Path(__file__).parent / "fixtures" / "doctor" / "h200-recorded.json").read_text())
-    found = gpus.from_document(doc)
+    found = NvmlDocument.model_validate(doc).gpus
     assert [g.index for g in found] == list(range(len(doc["gpus"])))
-    assert found[0].name == "NVIDIA H200" and found[0].capability == "9.0"
-    assert found[0].total == 143771 * gpus.MIB and found[0].free == (143771 - 615) * gpus.MIB
-    with pytest.raises(gpus.NvmlUnavailable, match="no NVIDIA driver"):
-        gpus.from_document({"error": "no NVIDIA driver: NVML cannot start (NVML Shared Library Not Found)"})
+    assert found[0].name == "NVIDIA H200" and found[0].compute_capability == "9.0"
+    assert found[0].memory_total_mib == 143771 and found[0].free_mib == 143771 - 615
+    no_driver = "no NVIDIA driver: NVML cannot start (NVML Shared Library Not Found)"
+    check = gpus_check(CheckInputs(Snapshot(Path("/"), {}, lambda: {"error": no_driver}), profile()))
+    assert check.status is Status.FAIL and check.detail.endswith(no_driver)
 
 
 @pytest.fixture
@@ -195,6 +207,7 @@ def test_without_a_driver_serve_and_doctor_both_fail_the_gpus(cli, no_driver, mo
         "--check",
         "--set",
         f"server.port={free_port()}",
+        "--wide",  # each check on one line, as the assertions read it
     ]
     no_nvml = "no NVIDIA driver: NVML cannot start (NVML Shared Library Not Found)"
     code, out, err = cli(*argv)
@@ -203,7 +216,7 @@ def test_without_a_driver_serve_and_doctor_both_fail_the_gpus(cli, no_driver, mo
     assert "--no-gpu-check" in out and "sm120kit[gpu]" not in out + err
     code, out, _ = cli(*argv, "--no-gpu-check")
     assert code == 0 and "skip gpus: not checked (--no-gpu-check)" in out, out
-    code, out, err = cli("doctor", "--python", python)
+    code, out, err = cli("doctor", "--python", python, "--wide")
     assert code == 1 and "sm120kit[gpu]" not in out + err, out
     assert any(line.split()[:2] == ["FAIL", "driver"] and no_nvml in line for line in out.splitlines()), out
 
@@ -237,7 +250,8 @@ def test_scan_finds_sglang_titles_and_our_marker():
 
 def titled_child(parent_code: str) -> str:
     child = "import setproctitle, time; setproctitle.setproctitle('sglang::scheduler_TP0'); time.sleep(60)"
-    return f"import subprocess, sys, time; print(subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid, flush=True); {parent_code}"
+    spawn = f"subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)"
+    return f"import subprocess, sys, time; print({spawn}.pid, flush=True); {parent_code}"
 
 
 @pytest.mark.preflight
@@ -261,11 +275,11 @@ def test_stale_means_orphaned_not_merely_unrecognised(monkeypatch, tmp_path):
         for pid in (healthy, orphan):
             while psutil.Process(pid).cmdline()[:1] != ["sglang::scheduler_TP0"]:
                 time.sleep(0.02)
-        check = preflight.check_stale(kill=False)
+        check = serving.stale_processes(inputs())
         listed, _, left_alone = check.detail.partition("left alone")
-        assert check.ok is False and f"pid {orphan} " in listed and "orphaned: its launcher is gone" in listed, (
-            check.detail
-        )
+        assert (
+            check.status is Status.FAIL and f"pid {orphan} " in listed and "orphaned: its launcher is gone" in listed
+        ), check.detail
         assert f"pid {healthy} " not in listed and f"pid {healthy} " in left_alone, check.detail
     finally:
         launcher.kill()
@@ -289,7 +303,7 @@ def test_a_port_that_is_not_a_port_is_a_clear_error(parts, key):
     from sm120kit.errors import UserError
 
     with pytest.raises(UserError, match=f"{key} = .* is not a port"):
-        preflight.port_plan(profile(**parts))
+        serving.port_plan(profile(**parts))
 
 
 def test_api_keys_are_masked_in_process_titles():
@@ -316,14 +330,14 @@ SECRET = "sk-live-0123456789abcdef"
     ],
 )
 def test_an_api_key_that_is_not_one_printable_word_is_refused(key, says):
-    check = preflight.check_api_key(profile(server={"api_key_env": "K"}), {"K": key})
-    assert check.ok is False and says in check.detail and "$K" in check.detail
-    assert SECRET not in check.detail + check.hint and "tr -d" in check.hint
+    check = serving.api_key(inputs(profile(server={"api_key_env": "K"}), {"K": key}))
+    assert check.status is Status.FAIL and says in check.detail and "$K" in check.detail
+    assert SECRET not in check.detail + check.fix and "tr -d" in check.fix
 
 
 def test_a_good_api_key_passes():
-    check = preflight.check_api_key(profile(server={"api_key_env": "K"}), {"K": SECRET})
-    assert check.ok is True and SECRET not in check.detail
+    check = serving.api_key(inputs(profile(server={"api_key_env": "K"}), {"K": SECRET}))
+    assert check.status is Status.OK and SECRET not in check.detail
 
 
 def test_a_probe_with_a_key_that_breaks_the_header_fails_without_raising_or_telling_the_key():
@@ -337,28 +351,23 @@ def test_a_probe_with_a_key_that_breaks_the_header_fails_without_raising_or_tell
     assert SECRET not in result.detail and "\r" not in result.detail
 
 
-def test_an_exception_in_the_probe_thread_is_a_failed_probe_and_probing_goes_on(tmp_path, monkeypatch):
-    import io
+def test_an_exception_in_the_probe_thread_is_a_failed_probe_and_probing_goes_on(monkeypatch):
+    import threading
 
-    from sm120kit.serve import supervisor
-    from sm120kit.serve.rundir import Record
+    from sm120kit.serve import probe
 
     def broken(*args, **kwargs):
         raise RuntimeError(f"boom with {SECRET} in it")
 
-    monkeypatch.setattr(supervisor, "probe", broken)
-    server = supervisor.Server("p", ["x"], ["x"], {}, "127.0.0.1", 1, [], api_key=SECRET, api_key_env="K")
-    health = profile().health
-    sup = supervisor.Supervisor(server, Policy.from_health(health), Record(tmp_path / "run"), out=io.StringIO())
-    sup._wake_r, sup._wake_w = os.pipe()
-    run = supervisor.Run(1, None, "m")
-    sup._start_probe(run)
-    attempt, result = sup._probes.get(timeout=5)
-    deadline = time.monotonic() + 5
-    while sup._probing and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert attempt == 1 and result.ok is False and not sup._probing, "the next probe can start"
-    assert "RuntimeError" in result.detail and SECRET not in result.detail
+    monkeypatch.setattr(probe, "probe", broken)
+    answered = threading.Semaphore(0)
+    prober = probe.ThreadProber("127.0.0.1", 1, 1.0, SECRET, answered.release)
+    for attempt in (1, 2):  # the next probe can start
+        prober.start(attempt)
+        assert answered.acquire(timeout=5)
+        [(answered_for, result)] = prober.results()
+        assert answered_for == attempt and result.ok is False
+        assert "RuntimeError" in result.detail and SECRET not in result.detail
 
 
 def test_an_error_that_mentions_the_key_is_reraised_without_it():
@@ -386,9 +395,9 @@ def test_the_record_is_never_rewritten_by_text_substitution(tmp_path):
     them where it could enter (log lines, argv), not by rewriting the JSON."""
     import json
 
-    from sm120kit.serve.rundir import Record
+    from sm120kit.serve.rundir import RunRecord
 
-    record = Record(tmp_path / "run")
+    record = RunRecord(tmp_path / "run")
     record.secrets["0"] = "$KEY"
     record.update(host="127.0.0.1", port=30000, supervisor_pid=1030)
     record.event("started", pid=10, argv=["--port", "30000"])
@@ -401,26 +410,25 @@ def test_the_record_is_never_rewritten_by_text_substitution(tmp_path):
 
 @pytest.mark.parametrize("key", ["0", "sk-1234"])
 def test_a_key_too_short_to_be_a_secret_is_refused(key):
-    check = preflight.check_api_key(profile(server={"api_key_env": "K"}), {"K": key})
-    assert check.ok is False and f"{len(key)} character" in check.detail and "at least 8" in check.detail
-    assert repr(key) not in check.detail + check.hint
-    assert preflight.check_api_key(profile(server={"api_key_env": "K"}), {"K": "sk-12345"}).ok is True
+    check = serving.api_key(inputs(profile(server={"api_key_env": "K"}), {"K": key}))
+    assert check.status is Status.FAIL and f"{len(key)} character" in check.detail and "at least 8" in check.detail
+    assert repr(key) not in check.detail + check.fix
+    assert serving.api_key(inputs(profile(server={"api_key_env": "K"}), {"K": "sk-12345"})).status is Status.OK
 
 
 def test_a_key_split_across_two_reads_of_the_log_is_redacted(tmp_path):
     import io
 
     from sm120kit.serve import supervisor
-    from sm120kit.serve.rundir import Record
+    from sm120kit.serve.rundir import RunRecord
 
-    server = supervisor.Server("p", ["x"], ["x"], {}, "127.0.0.1", 1, [], api_key=SECRET, api_key_env="K")
+    server = supervisor.ServerSpec("p", ["x"], ["x"], {}, "127.0.0.1", 1, [], api_key=SECRET, api_key_env="K")
     out = io.StringIO()
-    sup = supervisor.Supervisor(server, Policy.from_health(profile().health), Record(tmp_path / "run"), out=out)
+    sup = supervisor.Supervisor(server, Policy.from_health(profile().health), RunRecord(tmp_path / "run"), out=out)
     log = tmp_path / "server.log"
     log.write_text("")
     with open(log, "rb") as fh:
-        run = supervisor.Run(1, None, "m", log=fh)
-        run.ready_at = 1.0
+        run = supervisor.Child(None, fh)
         for part in (f"server_args=ServerArgs(api_key='{SECRET[:7]}", f"{SECRET[7:]}', port=1)\n"):
             with open(log, "a") as w:
                 w.write(part)

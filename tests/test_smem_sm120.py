@@ -32,9 +32,9 @@ import triton_sm120 as aot
 from conftest import WINDOW, wheel_bytes
 from packaging.version import Version
 
-from sm120kit.patching.engine import _transform
 from sm120kit.patching.registry import load_patches
 from sm120kit.patching.spec import Outcome
+from sm120kit.patching.transform import run_rewrites
 
 LIMIT = aot.SM120_SMEM_OPTIN
 SM120, HOPPER = (12, 0), (9, 0)
@@ -108,7 +108,7 @@ def rewrite_file(version: str, relpath: str):
     rewrites = [r for r in patch.rewrites_for(version) if r.path == relpath]
     assert len(rewrites) == 1, f"{PATCH_ID} has {len(rewrites)} rewrites of {relpath} for {version}"
     before = wheel_bytes(version, relpath)
-    after, [finding] = _transform(before, [(patch, rewrites[0])], version, relpath)
+    after, [finding] = run_rewrites(before, [(patch, rewrites[0])], version, relpath)
     return after, finding
 
 

@@ -75,13 +75,13 @@ def test_editable_install(cli, site, tmp_path):
     # A later hand edit in the checkout is a foreign edit there too.
     original = source.read_bytes()
     source.write_bytes(original + b"# local change\n")
-    code, out, _ = cli("patch", "--check", "--site", site)
+    code, out, _ = cli("patch", "--check", "--site", site, "--wide")  # each detail on one line
     assert code == 0 and "edited outside sm120kit" in out
     code, out, _ = cli("unpatch", "--site", site)
     assert code == 2 and "foreign-edit" in out
     source.write_bytes(original)
 
-    code, out, _ = cli("unpatch", "--site", site)
+    code, out, _ = cli("unpatch", "--site", site, "--wide")
     assert code == 0 and "matches the bytes recorded before patching" in out
     assert source.read_bytes() == wheel_bytes("0.5.10", GATE)
 

@@ -48,7 +48,7 @@ EXPECTED = {
 
 
 def test_the_patches_end_their_window_where_the_tests_do():
-    """A window extended in scripts/fetch_wheels.py and not in a patch (or the reverse)
+    """A window extended in sm120kit/wheels.py and not in a patch (or the reverse)
     would call a tested release unproven, or an untested one proven."""
     last = {"sglang": WINDOW[-1], "flashinfer-python": flashinfer_pin(WINDOW[-1])}
     assert {p.id: p.last_proven for p in load_patches()} == {p.id: last[p.package] for p in load_patches()}
@@ -88,19 +88,19 @@ def test_status_triages_a_release_past_the_window(future, cli):
         in found[("flashinfer-sm120-arch-suffix", "flashinfer/compilation_context.py")]["detail"]
     )
     assert {(r["patch"], r["path"]) for r in doc["unproven"]} == {(DSA, FORWARD_MHA), (SMEM, PREFILL)}
-    code, out, _ = cli("status", "--site", future)
+    code, out, _ = cli("status", "--site", future, "--wide")  # each line whole, as the assertions quote it
     assert code == 1
     assert f"{UNPROVEN}: {DSA}, {SMEM} (run by the shape of the code)" in out
 
 
 def test_patch_verify_past_the_window_applies_by_shape_and_says_unproven(future, cli):
-    code, out, err = cli("patch", "--verify", "--site", future)
+    code, out, err = cli("patch", "--verify", "--site", future, "--wide")
     assert code == 0, out + err
     assert "6 fixed-upstream, 2 applied" in out
     assert f"{UNPROVEN}: {DSA}, {SMEM} (run by the shape of the code)" in out
     assert (
-        "verified: every patch is in place, fixed upstream or not applicable, and matches the ledger; unproven on this release"
-        in out
+        "verified: every patch is in place, fixed upstream or not applicable, and matches the ledger; "
+        "unproven on this release" in out
     )
     for path in (FORWARD_MHA, PREFILL):
         assert (future / path).read_bytes() != wheel_bytes("0.5.23", path)
@@ -122,7 +122,7 @@ def test_a_moved_anchor_past_the_window_is_an_error_and_writes_nothing(future, c
     move_anchor(future, patch_id)
     path = ANCHORS[patch_id][0]
     before = tree_snapshot(future)
-    code, out, _ = cli("patch", "--verify", "--site", future)
+    code, out, _ = cli("patch", "--verify", "--site", future, "--wide")  # a row with its file and detail
     assert code == 2
     assert tree_snapshot(future) == before  # the other open patch, which would apply, is not written either
     row = next(line for line in out.splitlines() if line.startswith(patch_id) and path in line)
@@ -132,8 +132,8 @@ def test_a_moved_anchor_past_the_window_is_an_error_and_writes_nothing(future, c
         and "the bug may or may not be fixed in this release" in row
     )
     assert (
-        f"next: {patch_id}: pin the last proven release (pip install 'sglang==0.5.23'), or check upstream's change to {path}"
-        in out
+        f"next: {patch_id}: pin the last proven release (pip install 'sglang==0.5.23'), "
+        f"or check upstream's change to {path}" in out
     )
     assert f"to go on without this patch: --allow-missing {patch_id}" in out
     assert "verified" not in out and "nothing was written" in out
@@ -181,7 +181,8 @@ def env_python(root, site):
     """The serving environment's python: this interpreter with `site` on its path."""
     shim = root / "python"
     shim.write_text(
-        f"#!{sys.executable}\nimport os, sys\nos.environ['PYTHONPATH'] = {str(site)!r}\nos.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])\n"
+        f"#!{sys.executable}\nimport os, sys\nos.environ['PYTHONPATH'] = {str(site)!r}\n"
+        f"os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])\n"
     )
     shim.chmod(0o755)
     return shim
@@ -200,6 +201,7 @@ def serve_check(python, state, *extra) -> tuple[int, str]:
         "--no-gpu-check",
         "--set",
         f"server.port={free_port()}",
+        "--wide",  # each check on one line, as the assertions read it
         *extra,
     ]
     proc = subprocess.run(
@@ -239,7 +241,7 @@ def test_an_upgrade_past_the_window_is_never_a_false_green(site, cli):
     assert cli("patch", "--site", site)[0] == 0
     install(site, "0.5.23")  # pip replaces every file of the package...
     raise_version(site, "sglang", "0.5.24")  # ...with those of 0.5.24
-    code, out, _ = cli("patch", "--verify", "--site", site)
+    code, out, _ = cli("patch", "--verify", "--site", site, "--wide")  # each message on one line
     assert code == 0, out
     assert f"sglang 0.5.23 -> 0.5.24: patch {DSA} was lost in the upgrade; re-applied ({UNPROVEN})" in out
     assert f"sglang 0.5.23 -> 0.5.24: patch {SMEM} was lost in the upgrade; re-applied ({UNPROVEN})" in out

@@ -99,7 +99,8 @@ def test_read_only_environment_unpatched(site, tmp_path, cli):
         code, out, err = cli("patch", "--verify", "--site", ro)
         assert (
             code == 2
-            and "is not writable (Read-only file system): this environment is read-only for this user; nothing was changed"
+            and "is not writable (Read-only file system): "
+            "this environment is read-only for this user; nothing was changed"
             in err
         )
         assert "patch where the environment is built" in err and "Traceback" not in out + err
@@ -228,7 +229,7 @@ def test_a_file_written_but_reported_failed_is_rolled_back_too(site, cli, monkey
 def test_when_the_second_sites_ledger_fails_the_first_sites_is_rolled_back(tmp_path, monkeypatch):
     """sglang and flashinfer in two site directories: one transaction, two ledgers."""
     from sm120kit.errors import UserError
-    from sm120kit.patching import engine
+    from sm120kit.patching import apply
     from sm120kit.patching.registry import load_patches
     from sm120kit.target import Target
 
@@ -251,7 +252,7 @@ def test_when_the_second_sites_ledger_fails_the_first_sites_is_rolled_back(tmp_p
 
     monkeypatch.setattr(transaction, "write_atomic", failing)
     with pytest.raises(UserError) as raised:
-        engine.apply(Target("two sites", [a, b]), load_patches())
+        apply.apply(Target("two sites", [a, b]), load_patches())
     assert (
         f"writing {b / '.sm120kit' / 'ledger.json'} failed" in raised.value.message
         and "nothing was changed" in raised.value.message

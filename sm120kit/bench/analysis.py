@@ -93,7 +93,8 @@ def verdict(levels: list[Level], threshold: float = DEFAULT_THRESHOLD, max_runni
         over = [lv.concurrency for lv in levels if lv.concurrency > max_running]
         if over:
             notes.append(
-                f"levels {', '.join(map(str, over))} exceed the server's max running requests ({max_running}): the excess only queues"
+                f"levels {', '.join(map(str, over))} exceed the server's max running requests ({max_running}): "
+                "the excess only queues"
             )
     for lv in levels:
         if lv.failed:
@@ -119,13 +120,15 @@ def verdict(levels: list[Level], threshold: float = DEFAULT_THRESHOLD, max_runni
     if flat_from is not None:
         last_a, last_b, last_gain = steps[-1]
         lines.append(
-            f"{last_b.concurrency} vs {last_a.concurrency}: {last_gain:+.1%} — throughput has plateaued near {int(best.total):,} tok/s "
-            f"from concurrency {flat_from.concurrency} on (each doubling gains under {threshold:.0%}); the limit is not concurrency"
+            f"{last_b.concurrency} vs {last_a.concurrency}: {last_gain:+.1%} — throughput has plateaued near "
+            f"{int(best.total):,} tok/s from concurrency {flat_from.concurrency} on (each doubling gains under "
+            f"{threshold:.0%}); the limit is not concurrency"
         )
     else:
         a, b, gain = steps[-1]
         lines.append(
-            f"{b.concurrency} vs {a.concurrency}: {gain:+.1%} — still scaling at {b.total:,.0f} tok/s; a higher concurrency may give more"
+            f"{b.concurrency} vs {a.concurrency}: {gain:+.1%} — still scaling at {b.total:,.0f} tok/s; "
+            "a higher concurrency may give more"
         )
     lines.append(f"per doubling: {gains}")
     return Verdict(flat_from.concurrency if flat_from else None, best, lines + notes)

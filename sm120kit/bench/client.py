@@ -96,7 +96,7 @@ def parse_url(text: str) -> str:
 
 def api_key(env_name: str | None) -> str | None:
     """The key the server wants: the profile's variable; else the one sglang's client reads."""
-    from sm120kit.serve.preflight import bad_key_char
+    from sm120kit.node.checks.serving import bad_key_char
 
     names = [env_name] if env_name else ["OPENAI_API_KEY", "API_KEY"]
     if env_name and not os.environ.get(env_name):

@@ -1,130 +1,111 @@
 """`sm120kit bench`: a concurrency sweep with sglang's own client against a running server
-(a profile's, or --url), written to a results directory; `sm120kit bench compare A B`."""
+(a profile's, or a URL), written to a results directory; `sm120kit bench compare A B`."""
 
 from __future__ import annotations
 
 import contextlib
-import json
-import signal
-import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from sm120kit import report
 from sm120kit.bench import analysis, client, results
 from sm120kit.errors import UserError
+from sm120kit.exit_codes import ExitCode
 
 
-def _versions(target) -> dict[str, str | None]:
-    return {
-        name: (d.version if (d := target.find(name)) else None)
-        for name in ("sglang", "flashinfer-python", "torch", "triton")
-    }
+@dataclass(frozen=True)
+class BenchOptions:
+    levels: list[int]  # concurrency levels, ascending
+    input_len: int = 256
+    output_len: int = 128
+    prompts_per_level: float = 3.0
+    threshold: float = analysis.DEFAULT_THRESHOLD
+    tokenizer: str | None = None
+    model: str | None = None
+    out: Path | None = None  # the results directory (default ./sm120kit-bench/<name>-<time>)
+    url: str | None = None  # http://host:port: this server, not the profile's
+    python: str | None = None  # the interpreter that runs sglang's client (default: this one)
+    patch_dirs: tuple[str, ...] = ()  # for the patch status recorded with the results
 
 
-def _patch_status(target) -> list[dict]:
-    from sm120kit.patching import engine
-    from sm120kit.patching.registry import load_patches
+class Progress(Protocol):
+    """What a sweep tells as it goes (bench/render.py prints it)."""
 
-    plan = engine.plan(target, load_patches(None), need_bytes=False)
-    return [
-        {"patch": f.patch.id, "version": f.version, "outcome": f.outcome.value, "proven": not f.unproven}
-        for f in plan.findings
-    ]
+    def sweeping(self, url: str, module: str, sglang: str, levels: list[int], directory: Path) -> None: ...
 
+    def level_started(self, number: int, count: int, concurrency: int, prompts: int) -> None: ...
 
-def _live_line(level: analysis.Level) -> str:
-    if not level.figures:
-        return f"  FAILED: {level.error}"
-    f = level.figures
-    failed = f", {level.failed} of {level.prompts} FAILED" if level.failed else ""
-    return (
-        f"  total {f.get('total_throughput', 0):,.1f} tok/s (output {f.get('output_throughput', 0):,.1f}, peak {f.get('max_output_tokens_per_s') or 0:,.0f}), "
-        f"TTFT p50 {f.get('median_ttft_ms') or 0:,.0f} ms, ITL p50 {f.get('median_itl_ms') or 0:.1f} ms{failed}"
-    )
+    def level_done(self, level: analysis.Level) -> None: ...
 
 
-def _new_events(path: Path, offset: int) -> list[str]:
-    """Kinds of the events appended after `offset`; a line still being written is skipped."""
-    try:
-        text = path.read_bytes()[offset:].decode("utf-8", errors="replace")
-    except OSError:
-        return []
-    kinds = []
-    for line in text.split("\n")[:-1]:  # complete lines only
-        try:
-            kinds.append(json.loads(line)["event"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return kinds
+@dataclass(frozen=True)
+class SweepResult:
+    directory: Path
+    run: dict  # run.json as written
+    levels: list[analysis.Level]
+    verdict: analysis.Verdict | None  # None: interrupted before the end
+    plot_note: str | None = None  # why plot.png was skipped
+
+    @property
+    def interrupted(self) -> bool:
+        return self.verdict is None
+
+    @property
+    def exit_code(self) -> ExitCode:
+        if self.interrupted:
+            return ExitCode.INTERRUPTED
+        return ExitCode.FINDINGS if any(lv.failed or not lv.figures for lv in self.levels) else ExitCode.OK
+
+    def as_json(self) -> dict:
+        return {"directory": str(self.directory), **self.run, "plot": self.plot_note, "exit_code": int(self.exit_code)}
 
 
-@contextlib.contextmanager
-def served(args, profile):
-    """`sm120kit serve PROFILE` in a process of its own for the length of the sweep: up
-    when it generates, stopped (SIGTERM: the supervisor's clean stop) afterwards."""
-    from sm120kit.serve.rundir import serve_root
+@dataclass(frozen=True)
+class Comparison:
+    before: tuple[str, str]  # (directory, title)
+    after: tuple[str, str]
+    headers: list[str]
+    rows: list[list[str]]
 
-    events = serve_root() / profile.name / "events.jsonl"
-    seen = events.stat().st_size if events.exists() else 0
-    argv = [sys.executable, "-m", "sm120kit", "serve", profile.name, "--quiet"]
-    argv += [a for d in args.profile_dir or [] for a in ("--profile-dir", d)] + [
-        a for kv in args.sets or [] for a in ("--set", kv)
-    ]
-    argv += ["--python", args.python] if args.python else []
-    argv += ["--no-gpu-check"] if getattr(args, "no_gpu_check", False) else []
-    print(f"starting the server: {' '.join(argv[3:])} (up to {profile.health.startup_timeout_s:g} s)", flush=True)
-    # its preflight and progress lines are the user's to see; a session of its own, so that
-    # Ctrl-C reaches only us and the server gets one SIGTERM (and drains) from the finally below
-    proc = subprocess.Popen(argv, start_new_session=True)
-    try:
-        deadline = time.monotonic() + profile.health.startup_timeout_s + 60
-        while True:
-            kinds = _new_events(events, seen)
-            if "ready" in kinds:
-                break
-            if proc.poll() is not None or "gave_up" in kinds or time.monotonic() > deadline:
-                code = proc.poll()
-                raise UserError(
-                    f"the server for {profile.name} did not get ready"
-                    + (f" (sm120kit serve exit code {code})" if code is not None else "")
-                    + "; nothing was benchmarked",
-                    f"see the lines above; sm120kit serve {profile.name} --check; the log is in {events.parent}",
-                )
-            time.sleep(0.2)
-        yield
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait()
-            print(f"stopped the server (sm120kit serve exit code {proc.returncode})", flush=True)
+    def as_json(self) -> dict:
+        return {
+            "before": {"directory": self.before[0], "title": self.before[1]},
+            "after": {"directory": self.after[0], "title": self.after[1]},
+            "rows": [dict(zip(self.headers, row)) for row in self.rows],
+            "exit_code": int(ExitCode.OK),
+        }
 
 
-def bench(args, profile, target) -> int:
-    """Exit 0: every level ran and every request completed; 1: some level or request
-    failed; 2: bad input or no server; 130: interrupted (finished levels are kept)."""
-    try:
-        levels = analysis.parse_levels(args.concurrency)
-    except analysis.BadLevels as exc:
-        raise UserError(
-            f"--concurrency {args.concurrency!r}: {exc}",
-            "give a comma-separated list, e.g. --concurrency 64,128,256,512",
-        ) from None
-    if args.serve and profile is None:
-        raise UserError(
-            "--serve starts a profile's server; with --url the server is yours", "sm120kit bench PROFILE --serve"
-        )
-    url = client.parse_url(args.url) if args.url else None
+def _recorded_environment(target, patch_dirs: tuple[str, ...]) -> tuple[dict, list[dict]]:
+    """The versions and each patch's outcome in the client's environment, from the node's
+    checks (bench's subset), to record with the results."""
+    from sm120kit.node import registry, snapshot
+
+    found = registry.run(registry.BENCH, registry.CheckInputs(snapshot.live(target), patch_dirs=patch_dirs))
+    data = {c.id: c.data for c in found}
+    return data.get("software", {}).get("versions", {}), data.get("patches", {}).get("findings", [])
+
+
+def sweep(
+    options: BenchOptions,
+    profile,
+    target,
+    progress: Progress,
+    server: contextlib.AbstractContextManager | None = None,
+) -> SweepResult:
+    """Against options.url, or the profile's server; `server` (bench --serve) is entered
+    around the sweep: up before the first level, stopped after the last."""
     dist = target.find("sglang")
     if dist is None:
         raise UserError(
             f"sglang is not installed in {target.description}: its benchmark client runs from there",
             "point sm120kit at the serving environment with --python EXE",
         )
-    key_env = None
-    if url:
-        name, max_running, model = url.split("//")[-1].replace(":", "-"), None, None
+    if options.url:  # a server of the user's: no profile to say its limits, model or key variable
+        url, name = options.url, options.url.split("//")[-1].replace(":", "-")
+        max_running = model = key_env = None
     else:
         from sm120kit.serve.probe import probe_host
 
@@ -132,78 +113,60 @@ def bench(args, profile, target) -> int:
         name, max_running, model = profile.name, profile.engine.max_running_requests, profile.model.path
         key_env = profile.server.api_key_env
     api_key = client.api_key(key_env)
-    sweep = client.Sweep(
-        args.python or sys.executable,
+    plan = client.Sweep(
+        options.python or sys.executable,
         client.client_module(dist),
         url,
-        args.input_len,
-        args.output_len,
-        args.prompts_per_level,
-        tokenizer=args.tokenizer,
-        model=args.model or None,
+        options.input_len,
+        options.output_len,
+        options.prompts_per_level,
+        tokenizer=options.tokenizer,
+        model=options.model,
         api_key=api_key,
     )
-    with served(args, profile) if args.serve else contextlib.nullcontext():
+    with server or contextlib.nullcontext():
         client.check_reachable(url, api_key)
-        directory = Path(args.out) if args.out else Path("sm120kit-bench") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        directory = options.out or Path("sm120kit-bench") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         directory.mkdir(parents=True, exist_ok=True)
+        versions, patches = _recorded_environment(target, options.patch_dirs)
         meta = {
-            "title": f"{name}, input {args.input_len} / output {args.output_len} tokens",
+            "title": f"{name}, input {options.input_len} / output {options.output_len} tokens",
             "profile": profile.model_dump(mode="json", exclude={"name", "source"}) if profile else None,
             "profile_name": profile.name if profile else None,
             "url": url,
             "model": model,
-            "client": sweep.module,
-            "threshold": args.threshold,
-            "command": sweep.argv(levels[0], directory / f"c{levels[0]}.jsonl"),
-            "versions": _versions(target),
-            "patches": _patch_status(target),
+            "client": plan.module,
+            "threshold": options.threshold,
+            "command": plan.argv(options.levels[0], directory / f"c{options.levels[0]}.jsonl"),
+            "versions": versions,
+            "patches": patches,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
-        meta["summary"] = {"url": url, "client": sweep.module, **{k: v for k, v in meta["versions"].items() if v}}
-        print(
-            f"sweeping {url} with {sweep.module} (sglang {dist.version}): concurrency {', '.join(map(str, levels))}; results in {directory}"
-        )
-        return _run_levels(sweep, levels, directory, meta, args.threshold, max_running)
+        meta["summary"] = {"url": url, "client": plan.module, **{k: v for k, v in versions.items() if v}}
+        progress.sweeping(url, plan.module, dist.version, options.levels, directory)
+        return _run_levels(plan, options, directory, meta, max_running, progress)
 
 
 def _run_levels(
-    sweep: client.Sweep, levels: list[int], directory: Path, meta: dict, threshold: float, max_running: int | None
-) -> int:
+    plan: client.Sweep, options: BenchOptions, directory: Path, meta: dict, max_running: int | None, progress: Progress
+) -> SweepResult:
     done: list[analysis.Level] = []
     try:
-        for i, concurrency in enumerate(levels, 1):
-            bar = "#" * (i - 1) + "." * (len(levels) - i + 1)
-            print(
-                f"[{bar}] {i}/{len(levels)} concurrency {concurrency}: {sweep.prompts(concurrency)} prompts ...",
-                flush=True,
-            )
-            level = client.run_level(sweep, concurrency, directory)
-            done.append(level)
-            print(_live_line(level), flush=True)
+        for i, concurrency in enumerate(options.levels, 1):
+            progress.level_started(i, len(options.levels), concurrency, plan.prompts(concurrency))
+            done.append(client.run_level(plan, concurrency, directory))
+            progress.level_done(done[-1])
             results.write_run(directory, meta, done, None, finished=False)
-    except KeyboardInterrupt:
-        results.write_run(directory, meta, done, None, finished=False)
-        print(f"interrupted: the {len(done)} finished level(s) are kept in {directory}", file=sys.stderr)
-        return 130
-    verdict = analysis.verdict(done, threshold, max_running)
-    results.write_run(directory, meta, done, verdict, finished=True)
+    except KeyboardInterrupt:  # the finished levels are kept
+        return SweepResult(directory, results.write_run(directory, meta, done, None, finished=False), done, None)
+    verdict = analysis.verdict(done, options.threshold, max_running)
+    run = results.write_run(directory, meta, done, verdict, finished=True)
     results.write_tables(directory, meta, done, verdict)
-    note = results.write_plot(directory, meta["title"], done)
-    headers, rows = analysis.table_rows(done)
-    print()
-    print(report.table(headers, rows))
-    print()
-    for line in verdict.lines:
-        print(line)
-    print(f"\nresults: {directory}" + (f" ({note})" if note else ""))
-    return 1 if any(lv.failed or not lv.figures for lv in done) else 0
+    return SweepResult(directory, run, done, verdict, results.write_plot(directory, meta["title"], done))
 
 
-def compare(before: str, after: str) -> int:
+def compare(before: str, after: str) -> Comparison:
     doc_a, a = results.load_run(before)
     doc_b, b = results.load_run(after)
     headers, rows = analysis.compare_rows(a, b)
-    print(f"before: {before}  ({doc_a.get('title', '')})\nafter:  {after}  ({doc_b.get('title', '')})\n")
-    print(report.table(headers, rows))
-    return 0
+    return Comparison((before, doc_a.get("title", "")), (after, doc_b.get("title", "")), headers, rows)

@@ -21,7 +21,8 @@ from sm120kit.errors import UserError
 RUN_FILE = "run.json"
 
 
-def write_run(directory: Path, meta: dict, levels: list[Level], verdict: Verdict | None, finished: bool) -> None:
+def write_run(directory: Path, meta: dict, levels: list[Level], verdict: Verdict | None, finished: bool) -> dict:
+    """run.json, replaced whole; returns what was written."""
     doc = {
         **meta,
         "finished": finished,
@@ -31,6 +32,7 @@ def write_run(directory: Path, meta: dict, levels: list[Level], verdict: Verdict
     tmp = directory / f".{RUN_FILE}.tmp"  # a Ctrl-C mid-write must not leave a broken run.json
     tmp.write_text(json.dumps(doc, indent=2))
     os.replace(tmp, directory / RUN_FILE)
+    return doc
 
 
 def write_tables(directory: Path, meta: dict, levels: list[Level], verdict: Verdict) -> None:
@@ -93,6 +95,11 @@ def write_plot(directory: Path, title: str, levels: list[Level]) -> str | None:
 
 def load_run(directory: str) -> tuple[dict, list[Level]]:
     path = Path(directory) / RUN_FILE
+    if not Path(directory).is_dir():
+        raise UserError(
+            f"{directory} does not exist" if not Path(directory).exists() else f"{directory} is not a directory",
+            "pass two directories that `sm120kit bench` wrote",
+        )
     try:
         doc = json.loads(path.read_text())
         levels = [Level(d["concurrency"], d["prompts"], d["figures"], d.get("error", "")) for d in doc["levels"]]

@@ -1,7 +1,10 @@
-"""The command line: one module per group of commands, each with `register(sub)` (its
-options) and its command functions (parse, call the library, render). Heavy imports happen
-inside the command functions so that `sm120kit --help` stays fast. Exit codes:
-sm120kit.exit_codes.ExitCode.
+"""The command line. One module per group of commands, each with `register(sub)`, which
+declares its commands with their options, help and exit codes (cli.args.command_parser),
+and one function per command, which takes the parsed options, calls the library, prints
+the result (sm120kit.report) or its --json document and returns an ExitCode. Heavy imports
+happen inside those functions so that `sm120kit --help` stays fast. `main` turns a user
+mistake into a message and exit 2 (a traceback only with --debug), Ctrl-C into 130 and a
+reader that went away (`| head`) into 141.
 """
 
 from __future__ import annotations
@@ -10,14 +13,16 @@ import argparse
 import sys
 
 from sm120kit import __version__
-from sm120kit.cli import bench, doctor, patching, profiles, runs, serve
+from sm120kit.cli import bench, doctor, patching, profiles, runs, serve, tryout
 from sm120kit.exit_codes import ExitCode
 
 EPILOG = """\
 after every `pip install -U sglang`:   sm120kit patch --verify
 read-only, for CI and Dockerfiles:     sm120kit patch --check
 the exact server command:              sm120kit serve glm5-nvfp4 --dry-run
-exit codes: 0 ok, 1 something would change (check mode, status), 2 error"""
+exit codes: 0 ok; 1 something to act on (a patch would change, a check failed, a known
+  failure found, the server gave up); 2 an error or bad input; 3 the server left something
+  behind; 130 interrupted. `sm120kit COMMAND --help` says what each means there."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"sm120kit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for group in (patching, profiles, serve, bench, doctor, runs):
+    for group in (tryout, patching, profiles, serve, bench, doctor, runs):
         group.register(sub)
     return parser
 

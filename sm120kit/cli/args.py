@@ -8,18 +8,45 @@ from collections.abc import Mapping
 from sm120kit.exit_codes import ExitCode
 
 
-def command_parser(sub, name: str, summary: str, description: str, exits: Mapping[ExitCode, str], **kwargs):
+class HelpFormatter(argparse.HelpFormatter):
+    """Help whose description and epilog keep their lines (a paragraph is one line, a list
+    one item a line) and wrap each to the terminal, continuing under its text: under the
+    meaning of an exit code, not under the code."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import re
+        import textwrap
+
+        lines = []
+        for line in text.splitlines():
+            lead = re.match(r"\s*(\d+\s+)?", line).group(0)  # "  130  ": an exit code's meaning starts after it
+            lines += textwrap.wrap(
+                line,
+                width,
+                initial_indent=indent,
+                subsequent_indent=indent + " " * len(lead),
+                break_on_hyphens=False,
+            ) or [""]
+        return "\n".join(lines)
+
+
+def command_parser(
+    sub, name: str, summary: str, description: str, exits: Mapping[ExitCode, str], *, func=None, **kwargs
+):
     """A subcommand with its one-line summary (the list in `sm120kit --help`), a description
-    and what it exits with (`sm120kit NAME --help`)."""
+    and what it exits with (`sm120kit NAME --help`); `func` is the command function it runs."""
     epilog = "exit codes:\n" + "\n".join(f"  {int(code):3d}  {meaning}" for code, meaning in exits.items())
-    return sub.add_parser(
+    parser = sub.add_parser(
         name,
         help=summary,
         description=description,
         epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         **kwargs,
     )
+    if func is not None:
+        parser.set_defaults(func=func)
+    return parser
 
 
 def target_args(parser: argparse.ArgumentParser, python_is: str = "the environment to patch") -> None:
@@ -31,13 +58,19 @@ def target_args(parser: argparse.ArgumentParser, python_is: str = "the environme
     group.add_argument("--site", metavar="DIR", help="a site-packages directory, e.g. an unpacked image layer")
 
 
-def patch_args(parser: argparse.ArgumentParser) -> None:
+def patch_dir_arg(parser: argparse.ArgumentParser, used_for: str = "") -> None:
+    """--patch-dir; used_for says what the command loads patches for, where that is not plain."""
     parser.add_argument(
         "--patch-dir",
         action="append",
         metavar="DIR",
-        help="also load patches from DIR (before the shipped ones; repeatable; or $SM120KIT_PATCH_PATH)",
+        help="also load patches from DIR (before the shipped ones; repeatable; or $SM120KIT_PATCH_PATH)"
+        + (f": {used_for}" if used_for else ""),
     )
+
+
+def patch_args(parser: argparse.ArgumentParser) -> None:
+    patch_dir_arg(parser)
     parser.add_argument("--only", action="append", metavar="ID", help="just this patch (repeatable)")
 
 
@@ -52,8 +85,16 @@ def allow_missing_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def common_args(parser: argparse.ArgumentParser) -> None:
+def common_args(parser: argparse.ArgumentParser, wide: bool = False) -> None:
+    """--json and --debug; with `wide`, also --wide, for a command that prints a table."""
     parser.add_argument("--json", action="store_true", help="print a JSON document instead of a table")
+    if wide:
+        parser.add_argument(
+            "--wide",
+            action="store_true",
+            help="every row and message on one line, nothing wrapped (default: fit the terminal, or 100 "
+            "columns when the output is not one)",
+        )
     parser.add_argument("--debug", action="store_true", help="print tracebacks and full details")
 
 

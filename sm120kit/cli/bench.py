@@ -2,19 +2,37 @@
 
 from __future__ import annotations
 
-from sm120kit.cli.args import check_range, profile_args, target_args
+import sys
+
+from sm120kit.cli.args import check_range, command_parser, common_args, patch_dir_arg, profile_args, target_args
+from sm120kit.exit_codes import ExitCode
 
 
 def register(sub) -> None:
     """bench."""
-    p = sub.add_parser(
+    p = command_parser(
+        sub,
         "bench",
-        help="a concurrency sweep with sglang's own benchmark client; `bench compare A B`",
-        description="Run sglang's benchmark client once per concurrency level against a running server "
-        "(the profile's, or --url), then print the table and the plateau verdict and write a results directory. "
-        "`sm120kit bench compare BEFORE AFTER` shows two results directories side by side.",
+        "a concurrency sweep with sglang's own benchmark client; `bench compare A B`",
+        "Run sglang's benchmark client once per concurrency level against a running server (the "
+        "profile PROFILE's, or --url; --serve starts the profile's first and stops it after), then "
+        "print the tables and the plateau verdict and write a results directory. `sm120kit bench "
+        "compare BEFORE AFTER` shows two results directories side by side.",
+        {
+            ExitCode.OK: "every level ran and every request completed; compare: compared",
+            ExitCode.FINDINGS: "a level or a request failed (the finished levels are reported and kept)",
+            ExitCode.ERROR: "bad input, no sglang in the client's environment, no server at the URL, or "
+            "--serve's server did not get ready (nothing was benchmarked); compare: not a results directory",
+            ExitCode.INTERRUPTED: "interrupted: the finished levels are kept (--serve: the server is stopped)",
+        },
+        func=cmd_bench,
     )
-    p.add_argument("name", nargs="*", metavar="PROFILE | compare BEFORE AFTER")
+    p.add_argument(
+        "name",
+        nargs="*",
+        metavar="PROFILE | compare BEFORE AFTER",
+        help="the launch profile whose server to benchmark (none with --url); or `compare` and two results directories",
+    )
     p.add_argument("--url", help="benchmark this server instead of a profile's (e.g. http://127.0.0.1:30000)")
     p.add_argument(
         "--concurrency",
@@ -44,17 +62,17 @@ def register(sub) -> None:
     p.add_argument(
         "--serve",
         action="store_true",
-        help="start the profile's server with `sm120kit serve` first, stop it afterwards",
+        help="start the profile's server first (its preflight, then the supervisor), stop it afterwards",
     )
     p.add_argument(
         "--no-gpu-check",
         action="store_true",
-        help="with --serve: passed on to `sm120kit serve` (start without its GPU check)",
+        help="with --serve: start the server without the preflight's GPU check",
     )
+    patch_dir_arg(p, "for the patch status recorded with the results, and --serve's preflight")
     profile_args(p)
-    target_args(p)
-    p.add_argument("--debug", action="store_true", help="print tracebacks and full details")
-    p.set_defaults(func=cmd_bench, json=False)  # its record is the results directory
+    target_args(p, python_is="the environment that runs sglang's benchmark client, and with --serve the server")
+    common_args(p, wide=True)
 
 
 def _check_bench_numbers(args) -> None:
@@ -80,16 +98,54 @@ def _check_bench_numbers(args) -> None:
     )
 
 
-def cmd_bench(args) -> int:
-    from sm120kit.bench import command
+def _options(args):
+    """The typed options, every value checked before anything runs."""
+    from pathlib import Path
+
+    from sm120kit.bench import analysis, client
+    from sm120kit.bench.command import BenchOptions
     from sm120kit.errors import UserError
 
+    _check_bench_numbers(args)
+    try:
+        levels = analysis.parse_levels(args.concurrency)
+    except analysis.BadLevels as exc:
+        raise UserError(
+            f"--concurrency {args.concurrency!r}: {exc}",
+            "give a comma-separated list, e.g. --concurrency 64,128,256,512",
+        ) from None
+    return BenchOptions(
+        levels=levels,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        prompts_per_level=args.prompts_per_level,
+        threshold=args.threshold,
+        tokenizer=args.tokenizer,
+        model=args.model or None,
+        out=Path(args.out) if args.out else None,
+        url=client.parse_url(args.url) if args.url else None,
+        python=args.python,
+        patch_dirs=tuple(args.patch_dir or ()),
+    )
+
+
+def cmd_bench(args) -> int:
+    from sm120kit import report
+    from sm120kit.bench import command, render
+    from sm120kit.errors import UserError
+
+    width = report.output_width(args.wide)
     if args.name[:1] == ["compare"]:
         if len(args.name) != 3:
             raise UserError(
                 "bench compare takes two results directories", "sm120kit bench compare BEFORE_DIR AFTER_DIR"
             )
-        return command.compare(args.name[1], args.name[2])
+        comparison = command.compare(args.name[1], args.name[2])
+        if args.json:
+            report.emit_json(comparison.as_json())
+        else:
+            print(render.comparison_text(comparison, width))
+        return ExitCode.OK
     if len(args.name) != (0 if args.url else 1):
         got = " ".join(args.name) or "none"
         raise UserError(
@@ -101,14 +157,46 @@ def cmd_bench(args) -> int:
             "--site names packages, not a python that can run the benchmark client",
             "give the serving environment's interpreter: --python EXE",
         )
-    _check_bench_numbers(args)
+    options = _options(args)
+    if args.serve and args.url:
+        raise UserError(
+            "--serve starts a profile's server; with --url the server is yours", "sm120kit bench PROFILE --serve"
+        )
     from sm120kit.target import resolve_target
 
-    profile = None
+    target = resolve_target(args.python, None)
+    profile = server = None
+    out = sys.stderr if args.json else sys.stdout  # the JSON document alone on stdout
     if not args.url:
         from sm120kit.profiles.loader import load_profile
         from sm120kit.profiles.render import require_servable
 
         profile = load_profile(args.name[0], args.profile_dir, args.sets)
         require_servable(profile)
-    return command.bench(args, profile, resolve_target(args.python, None))
+        if args.serve:
+            server = _served(args, profile, target, width, out)
+    result = command.sweep(options, profile, target, render.TextProgress(width, out), server)
+    if args.json:
+        report.emit_json(result.as_json())
+    else:
+        print(render.sweep_text(result, width), file=sys.stderr if result.interrupted else sys.stdout)
+    return result.exit_code
+
+
+def _served(args, profile, target, width: int | None, out):
+    """The context that runs the profile's server for the sweep (bench --serve)."""
+    from sm120kit.bench.serving import served
+    from sm120kit.errors import UserError
+    from sm120kit.profiles.flags import read_schema
+    from sm120kit.profiles.render import render
+    from sm120kit.serve.command import ServeOptions
+
+    dist = target.find("sglang")
+    if dist is None:
+        raise UserError(
+            f"sglang is not installed in {target.description}: the server and its benchmark client run from there",
+            "point sm120kit at the serving environment with --python EXE",
+        )
+    launch = render(profile, read_schema(dist), args.python or sys.executable)
+    options = ServeOptions(patch_dirs=tuple(args.patch_dir or ()), gpu_check=not args.no_gpu_check, echo=False)
+    return served(profile, launch, target, options, width, out)

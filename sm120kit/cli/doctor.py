@@ -2,18 +2,35 @@
 
 from __future__ import annotations
 
-from sm120kit.cli.args import common_args, profile_args, target_args
+from sm120kit.cli.args import command_parser, common_args, patch_dir_arg, profile_args, target_args
+from sm120kit.exit_codes import ExitCode
 
 
 def register(sub) -> None:
     """doctor."""
-    p = sub.add_parser(
-        "doctor", help="can this node serve? GPUs, P2P, topology, kernel, limits, software; each problem with its fix"
+    p = command_parser(
+        sub,
+        "doctor",
+        "can this node serve? GPUs, P2P, topology, kernel, limits, software; each problem with its fix",
+        "Check this node for serving with sglang on SM120: the driver and CUDA version; the GPUs "
+        "(with --profile: against what the profile needs, free memory included); persistence mode; "
+        "PCIe links; processes holding GPU memory; peer-to-peer and the topology matrix; iommu=pt; "
+        "nvidia_uvm's HMM; VM or container; /dev/shm; open-file and locked-memory limits; CUDA and "
+        "NCCL variables; the packages of the target environment; the patches (with --profile: the "
+        "profile's, which must be in place); flashinfer's JIT cache; the model on disk. Each "
+        "problem is printed with its fix. --nvml and --root read a copy of another node.",
+        {
+            ExitCode.OK: "nothing failed (warnings allowed)",
+            ExitCode.FINDINGS: "a check failed: the node cannot serve (the profile) as it is",
+            ExitCode.ERROR: "bad input: an unknown profile, an unreadable --nvml document, a --root that is no "
+            "copy of a node",
+        },
+        func=cmd_doctor,
     )
     p.add_argument(
         "--profile",
         metavar="NAME",
-        help="also check what this profile needs (GPU count, compute capability, memory, env)",
+        help="also check what this profile needs (GPU count, compute capability, memory, patches, env)",
     )
     p.add_argument(
         "--nvml",
@@ -21,25 +38,38 @@ def register(sub) -> None:
         help='replay NVML answers recorded by `doctor --json` (its "nvml" object) instead of asking the driver',
     )
     p.add_argument("--root", metavar="DIR", help="read /proc and /sys under DIR (a copy taken on another node)")
+    patch_dir_arg(p)
     profile_args(p)
-    target_args(p)
-    common_args(p)
-    p.set_defaults(func=cmd_doctor)
+    target_args(p, python_is="the environment whose packages and patches are checked")
+    common_args(p, wide=True)
 
 
 def cmd_doctor(args) -> int:
-    from sm120kit.doctor.command import doctor
+    from pathlib import Path
+
+    from sm120kit import report
+    from sm120kit.doctor import render
+    from sm120kit.doctor.command import DoctorOptions, doctor
+    from sm120kit.errors import UserError
     from sm120kit.target import resolve_target
 
-    profile = None
     if args.sets and not args.profile:
-        from sm120kit.errors import UserError
-
         raise UserError(
             "--set changes a profile, and no --profile was given", "sm120kit doctor --profile NAME --set KEY=VALUE"
         )
+    profile = None
     if args.profile:
         from sm120kit.profiles.loader import load_profile
 
         profile = load_profile(args.profile, args.profile_dir, args.sets)
-    return doctor(args, profile, resolve_target(args.python, args.site))
+    options = DoctorOptions(
+        root=Path(args.root) if args.root else None,
+        nvml_file=Path(args.nvml) if args.nvml else None,
+        patch_dirs=tuple(args.patch_dir or ()),
+    )
+    result = doctor(options, profile, resolve_target(args.python, args.site))
+    if args.json:
+        report.emit_json(result.as_json())
+    else:
+        print(render.text(result, report.output_width(args.wide)))
+    return result.exit_code

@@ -7,29 +7,71 @@ import sys
 from sm120kit.cli.args import (
     allow_missing_arg,
     allowed_missing,
+    command_parser,
     common_args,
     load_target_and_patches,
     patch_args,
+    patch_dir_arg,
     target_args,
 )
+from sm120kit.exit_codes import ExitCode
+
+ERRORS = "an error: anchor-missing, foreign-edit, failed, damaged or unfinished state, or bad input"
 
 
 def register(sub) -> None:
     """patches, status, patch, unpatch."""
-    p = sub.add_parser("patches", help="list the known patches: id, releases, upstream fix")
-    p.add_argument("--patch-dir", action="append", metavar="DIR", help="also list patches from DIR")
-    common_args(p)
-    p.set_defaults(func=cmd_patches)
+    p = command_parser(
+        sub,
+        "patches",
+        "list the known patches: id, releases, upstream fix",
+        "List the patches sm120kit knows (the shipped ones, then those of --patch-dir and "
+        "$SM120KIT_PATCH_PATH): the releases each was proven on, its files' ranges merged into one "
+        "span; the upstream release that fixed its bug (`open`: none has; one release per part "
+        "where its parts were fixed apart); what it does and why, and its files. Looks at no "
+        "environment.",
+        {ExitCode.OK: "listed", ExitCode.ERROR: "bad input, e.g. a --patch-dir that does not exist or does not load"},
+        func=cmd_patches,
+    )
+    patch_dir_arg(p)
+    common_args(p, wide=True)
 
-    p = sub.add_parser("status", help="one row per patch: installed version, outcome, upstream fix")
-    target_args(p)
+    p = command_parser(
+        sub,
+        "status",
+        "one row per patch: installed version, outcome, upstream fix",
+        "One row per patch and file of the target environment: the installed release, what "
+        "`sm120kit patch` would do there (the outcome), and the upstream release that fixed the "
+        "bug. Writes nothing; `sm120kit patch --check` judges the same, for scripts.",
+        {
+            ExitCode.OK: "every patch is in place, fixed upstream or not applicable",
+            ExitCode.FINDINGS: "a patch would be applied or brought to its current revision (the output says "
+            "so: run `sm120kit patch`)",
+            ExitCode.ERROR: ERRORS,
+        },
+        func=cmd_status,
+    )
+    target_args(p, python_is="the environment to report on")
     patch_args(p)
     allow_missing_arg(p)
-    common_args(p)
-    p.set_defaults(func=cmd_status)
+    common_args(p, wide=True)
 
-    p = sub.add_parser("patch", help="apply the patches that the installed releases need")
-    target_args(p)
+    p = command_parser(
+        sub,
+        "patch",
+        "apply the patches that the installed releases need",
+        "Apply the patches that the installed releases need, in one transaction over all files "
+        "(any error: nothing is written), and with --verify prove from disk that every patch is "
+        "in place. Run it after every `pip install -U sglang`. --check and --diff write nothing.",
+        {
+            ExitCode.OK: "applied, or nothing to do (--verify: and proven; --check: nothing would change; "
+            "--diff: the diff is printed, empty or not)",
+            ExitCode.FINDINGS: "--check only: a patch would change",
+            ExitCode.ERROR: f"{ERRORS}; nothing was written (--verify: or the proof failed)",
+        },
+        func=cmd_patch,
+    )
+    target_args(p, python_is="the environment to patch")
     patch_args(p)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="write nothing; exit 1 if anything would change")
@@ -40,51 +82,74 @@ def register(sub) -> None:
     p.add_argument(
         "--keep-jit-cache", action="store_true", help="keep JIT caches (flashinfer) built from the old sources"
     )
-    common_args(p)
-    p.set_defaults(func=cmd_patch)
+    common_args(p, wide=True)
 
-    p = sub.add_parser("unpatch", help="restore the vendor's bytes, proven against the wheel's RECORD")
-    target_args(p)
+    p = command_parser(
+        sub,
+        "unpatch",
+        "restore the vendor's bytes, proven against the wheel's RECORD",
+        "Restore the vendor's bytes of every file sm120kit patched (with --only, of those patches "
+        "alone), each proven against the wheel's RECORD, and drop their ledger entries.",
+        {
+            ExitCode.OK: "restored, or nothing to restore (--dry-run: what would be restored is listed)",
+            ExitCode.ERROR: "a file cannot be restored (foreign-edit: --force; no-backup: reinstall the "
+            "package), or bad input; nothing was written",
+        },
+        func=cmd_unpatch,
+    )
+    target_args(p, python_is="the environment to restore")
     patch_args(p)
     p.add_argument("--dry-run", action="store_true", help="say what would be restored, write nothing")
     p.add_argument("--force", action="store_true", help="restore the originals even over later edits")
     p.add_argument(
         "--keep-jit-cache", action="store_true", help="keep JIT caches (flashinfer) built from the patched sources"
     )
-    common_args(p)
-    p.set_defaults(func=cmd_unpatch)
+    common_args(p, wide=True)
 
 
 def cmd_patches(args) -> int:
     from sm120kit import report
     from sm120kit.patching.registry import load_patches, shipped_dir
 
-    text, docs = report.patch_listing(load_patches(args.patch_dir), str(shipped_dir()))
+    text, docs = report.patch_listing(load_patches(args.patch_dir), str(shipped_dir()), report.output_width(args.wide))
     report.emit_json({"patches": docs}) if args.json else print(text)
-    return 0
+    return ExitCode.OK
 
 
 def cmd_status(args) -> int:
     from sm120kit import report
-    from sm120kit.patching import engine
+    from sm120kit.patching import planning
 
     target, patches = load_target_and_patches(args)
-    plan = engine.plan(target, patches, need_bytes=False, allow_missing=allowed_missing(args))
+    plan = planning.plan(target, patches, need_bytes=False, allow_missing=allowed_missing(args))
     code = plan.exit_code(check=True)
     if args.json:
         report.emit_json(report.plan_json("status", plan, code))
         return code
-    report.print_plan(plan, args.debug)
+    width = report.output_width(args.wide)
+    report.print_plan(plan, args.debug, width)
+    print(report.wrap(report.summary(plan.findings), width))
+    _say_why(code, width)
     return code
+
+
+def _say_why(code: int, width: int | None) -> None:
+    """The reason for exit 1 of a read-only run (an error's reason is in the table)."""
+    from sm120kit import report
+
+    if code == ExitCode.FINDINGS:
+        print(report.wrap("would change: run `sm120kit patch` to apply", width))
 
 
 def cmd_patch(args) -> int:
     from sm120kit import report
-    from sm120kit.patching import engine
+    from sm120kit.patching import apply, planning
 
     target, patches = load_target_and_patches(args)
     if args.check or args.diff:
-        plan = engine.plan(target, patches, force=args.force, need_bytes=args.diff, allow_missing=allowed_missing(args))
+        plan = planning.plan(
+            target, patches, force=args.force, need_bytes=args.diff, allow_missing=allowed_missing(args)
+        )
         code = plan.exit_code(check=args.check)
         diffs = [c.diff() for c in plan.changes] if args.diff else []
         if args.json:
@@ -98,13 +163,13 @@ def cmd_patch(args) -> int:
                 print(f"error: {f.patch.id}: {f.outcome.value}: {f.detail}", file=sys.stderr)
             return code
     else:
-        plan = engine.apply(
+        plan = apply.apply(
             target, patches, force=args.force, keep_jit_cache=args.keep_jit_cache, allow_missing=allowed_missing(args)
         )
         code = plan.exit_code(check=False)
-    problems = engine.verify(target, patches) if args.verify and code == 0 else []
+    problems = apply.verify(target, patches) if args.verify and code == ExitCode.OK else []
     if problems:
-        code = 2
+        code = ExitCode.ERROR
     if args.json:
         mode = "verify" if args.verify else "check" if args.check else "apply"
         report.emit_json(
@@ -112,36 +177,40 @@ def cmd_patch(args) -> int:
                 "patch",
                 plan,
                 code,
-                {"mode": mode, "verify_problems": problems, "verified": bool(args.verify and code == 0)},
+                {"mode": mode, "verify_problems": problems, "verified": bool(args.verify and code == ExitCode.OK)},
             )
         )
         return code
-    report.print_plan(plan, args.debug)
-    print(report.summary(plan.findings) + ("" if not plan.errors else "; nothing was written"))
-    if args.check and code == 1:
-        print("would change: run `sm120kit patch` to apply")
+    width = report.output_width(args.wide)
+    report.print_plan(plan, args.debug, width)
+    print(report.wrap(report.summary(plan.findings) + ("" if not plan.errors else "; nothing was written"), width))
+    _say_why(code, width)
     if args.verify:
         if problems:
             print("verify FAILED:\n  " + "\n  ".join(problems), file=sys.stderr)
-        elif code == 0:
+        elif code == ExitCode.OK:
             caveat = "; unproven on this release: see above" if plan.unproven else ""
             print(
-                f"verified: every patch is in place, fixed upstream or not applicable, and matches the ledger{caveat}"
+                report.wrap(
+                    "verified: every patch is in place, fixed upstream or not applicable, and matches the ledger"
+                    + caveat,
+                    width,
+                )
             )
     return code
 
 
 def cmd_unpatch(args) -> int:
     from sm120kit import report
-    from sm120kit.patching import engine
+    from sm120kit.patching import revert
 
     target, patches = load_target_and_patches(args, selected=False)
     only = set(args.only) if args.only else None
-    result = engine.unpatch(
+    result = revert.unpatch(
         target, patches, only, force=args.force, dry_run=args.dry_run, keep_jit_cache=args.keep_jit_cache
     )
     rows = result.rows
-    code = 2 if any(r.is_error for r in rows) else 0
+    code = ExitCode.ERROR if any(r.is_error for r in rows) else ExitCode.OK
     if args.json:
         report.emit_json(
             {
@@ -154,12 +223,13 @@ def cmd_unpatch(args) -> int:
             }
         )
         return code
-    print(f"target: {target.description}")
-    report.print_cache_notes(result)
+    width = report.output_width(args.wide)
+    print(report.wrap(f"target: {target.description}", width))
+    report.print_cache_notes(result, width)
     if not rows:
         print("nothing to restore: no file carries an sm120kit patch")
         return code
-    print(report.restore_table(rows))
+    print(report.restore_table(rows, width))
     if code:
         print("nothing was written", file=sys.stderr)
     return code

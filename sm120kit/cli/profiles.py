@@ -4,32 +4,80 @@ from __future__ import annotations
 
 import sys
 
-from sm120kit.cli.args import common_args, profile_args, target_args
+from sm120kit.cli.args import command_parser, common_args, profile_args, target_args
+from sm120kit.exit_codes import ExitCode
+
+NAME_HELP = "a profile name (`sm120kit profiles` lists them) or the path of a .toml file"
 
 
 def register(sub) -> None:
     """profiles, profile show|check|schema."""
-    p = sub.add_parser("profiles", help="the shipped and user launch profiles, one line each")
+    p = command_parser(
+        sub,
+        "profiles",
+        "the shipped and user launch profiles, one line each",
+        "List the launch profiles: those of --profile-dir and $SM120KIT_PROFILE_PATH first, then "
+        "the shipped ones; a file that does not parse is listed with the reason.",
+        {ExitCode.OK: "listed", ExitCode.ERROR: "bad input, e.g. a --profile-dir that does not exist"},
+        func=cmd_profiles,
+    )
     profile_args(p, sets=False)
-    common_args(p)
-    p.set_defaults(func=cmd_profiles)
+    common_args(p, wide=True)
 
-    p = sub.add_parser("profile", help="show, check or export the schema of launch profiles")
+    p = command_parser(
+        sub,
+        "profile",
+        "show, check or export the schema of launch profiles",
+        "A launch profile says what the operator means (model, parallelism, backends, limits, "
+        "health budgets, the patches it needs); `sm120kit serve` renders it into the flags the "
+        "installed sglang accepts. `sm120kit profile VERB --help` says more.",
+        {
+            ExitCode.OK: "shown, renders for the installed sglang, or the schema printed",
+            ExitCode.ERROR: "an unknown or invalid profile, one that does not render for the installed sglang, "
+            "or no sglang there",
+        },
+    )
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
-    v = verbs.add_parser("show", help="the resolved profile (after extends and --set)")
-    v.add_argument("name")
+    v = command_parser(
+        verbs,
+        "show",
+        "the resolved profile (after extends and --set)",
+        "Print the profile as sm120kit reads it: its `extends` chain resolved, the --set overrides "
+        "applied, validated, every field with its value (defaults included).",
+        {ExitCode.OK: "shown", ExitCode.ERROR: "an unknown or invalid profile, or a bad --set"},
+        func=cmd_profile_show,
+    )
+    v.add_argument("name", metavar="PROFILE", help=NAME_HELP)
     profile_args(v)
     common_args(v)
-    v.set_defaults(func=cmd_profile_show)
-    v = verbs.add_parser("check", help="render the profile for the installed sglang; exit 0 or 2")
-    v.add_argument("name")
+    v = command_parser(
+        verbs,
+        "check",
+        "render the profile for the installed sglang; exit 0 or 2",
+        "Render the profile into the sglang command line for the release installed in the target "
+        "environment (flags read from its source, nothing imported), as `sm120kit serve` would, "
+        "and refuse a profile that cannot serve. Starts nothing.",
+        {
+            ExitCode.OK: "it renders (warnings, if any, on stderr)",
+            ExitCode.ERROR: "it does not: an unknown or invalid profile, a flag or value the release lacks, "
+            "a profile that cannot serve, or no sglang in the target",
+        },
+        func=cmd_profile_check,
+    )
+    v.add_argument("name", metavar="PROFILE", help=NAME_HELP)
     profile_args(v)
-    target_args(v)
+    target_args(v, python_is="the serving environment, whose sglang the profile is rendered for")
     common_args(v)
-    v.set_defaults(func=cmd_profile_check)
-    v = verbs.add_parser("schema", help="the JSON Schema of profile files, for editor completion")
+    v = command_parser(
+        verbs,
+        "schema",
+        "the JSON Schema of profile files, for editor completion",
+        "Print the JSON Schema of a profile file (every key, its type and allowed range). Save it "
+        "and add `#:schema ./profile.schema.json` atop a profile for completion in taplo-based editors.",
+        {ExitCode.OK: "printed", ExitCode.ERROR: "bad input (an unknown option)"},
+        func=cmd_profile_schema,
+    )
     common_args(v)
-    v.set_defaults(func=cmd_profile_schema)
 
 
 def cmd_profiles(args) -> int:
@@ -40,8 +88,9 @@ def cmd_profiles(args) -> int:
     if args.json:
         report.emit_json({"profiles": [{"name": n, "path": str(p), "description": d} for n, p, d in found]})
     else:
-        print(report.table(["PROFILE", "DESCRIPTION"], [[n, d] for n, _, d in found]))
-    return 0
+        rows = [[n, d] for n, _, d in found]
+        print(report.table(["PROFILE", "DESCRIPTION"], rows, report.output_width(args.wide), narrow=(1,)))
+    return ExitCode.OK
 
 
 def cmd_profile_show(args) -> int:
@@ -56,7 +105,7 @@ def cmd_profile_show(args) -> int:
     else:
         print(f"# {profile.name}  ({profile.source})")
         print(json.dumps(doc, indent=2))
-    return 0
+    return ExitCode.OK
 
 
 def render_launch(args):
@@ -89,11 +138,11 @@ def cmd_profile_check(args) -> int:
     _, launch, _ = render_launch(args)
     if args.json:
         report.emit_json({"profile": args.name, "ok": True, **launch.as_json()})
-        return 0
+        return ExitCode.OK
     for warning in launch.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(f"profile {args.name}: ok for sglang {launch.sglang} ({len(launch.argv) - 3} arguments)")
-    return 0
+    return ExitCode.OK
 
 
 def cmd_profile_schema(args) -> int:
@@ -102,4 +151,4 @@ def cmd_profile_schema(args) -> int:
     from sm120kit.profiles.loader import profile_schema
 
     print(json.dumps(profile_schema(), indent=2))
-    return 0
+    return ExitCode.OK

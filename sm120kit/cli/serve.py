@@ -4,21 +4,41 @@ from __future__ import annotations
 
 import sys
 
-from sm120kit.cli.args import allow_missing_arg, common_args, profile_args, target_args
+from sm120kit.cli.args import (
+    allow_missing_arg,
+    command_parser,
+    common_args,
+    patch_dir_arg,
+    profile_args,
+    target_args,
+)
 from sm120kit.cli.profiles import render_launch
+from sm120kit.exit_codes import ExitCode
 
 
 def register(sub) -> None:
     """serve."""
-    p = sub.add_parser(
+    p = command_parser(
+        sub,
         "serve",
-        help="preflight, launch and supervise sglang with a profile until stopped",
-        description="Preflight the node, start sglang with the profile, wait until it generates, probe it, "
-        "restart it with backoff on death or hang, and stop it clean on Ctrl-C / SIGTERM.",
-        epilog="exit codes: 0 stopped on request, clean; 1 gave up after the crash-loop limit; "
-        "2 refused (preflight failed, bad input); 3 stopped, but a process or port was left",
+        "preflight, launch and supervise sglang with a profile until stopped",
+        "Preflight the node for the profile NAME (the profile renders for the installed sglang; its "
+        "patches are in place; no stale sglang process; the GPUs are there and free; every port is "
+        "free; the API key is set), start sglang with it, wait until it generates, probe it, restart "
+        "it with backoff on death or hang, and stop it clean on Ctrl-C / SIGTERM. --check runs the "
+        "preflight alone; --dry-run prints the command line.",
+        {
+            ExitCode.OK: "stopped on request, nothing left behind; --check: every check passed; --dry-run: printed",
+            ExitCode.FINDINGS: "gave up after the crash-loop limit; --check: a preflight check failed",
+            ExitCode.ERROR: "refused: a preflight check failed, or the profile is already being served; bad "
+            "input: an unknown profile, no sglang in the target environment (the profile renders for the "
+            "installed release), an unknown --allow-missing id",
+            ExitCode.UNCLEAN: "stopped, but a process, port or GPU context of the server was left",
+            ExitCode.INTERRUPTED: "interrupted before the supervisor took over (it stops on Ctrl-C with 0)",
+        },
+        func=cmd_serve,
     )
-    p.add_argument("name")
+    p.add_argument("name", metavar="NAME", help="the launch profile to serve (`sm120kit profiles` lists them)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the argv and environment; start nothing")
     mode.add_argument("--check", action="store_true", help="run the preflight only; exit 1 if a check fails")
@@ -32,18 +52,16 @@ def register(sub) -> None:
     p.add_argument(
         "--quiet", action="store_true", help="do not echo the server's log (it is still written to the log file)"
     )
-    p.add_argument(
-        "--patch-dir", action="append", metavar="DIR", help="also load patches from DIR (or $SM120KIT_PATCH_PATH)"
-    )
+    patch_dir_arg(p)
     profile_args(p)
-    target_args(p)
-    common_args(p)
-    p.set_defaults(func=cmd_serve)
+    target_args(p, python_is="the environment that runs the server")
+    common_args(p, wide=True)
 
 
 def cmd_serve(args) -> int:
     from sm120kit import report
     from sm120kit.errors import UserError
+    from sm120kit.serve import command, preflight
 
     if args.site and not args.dry_run:
         raise UserError(
@@ -54,30 +72,25 @@ def cmd_serve(args) -> int:
     if args.dry_run:
         if args.json:
             report.emit_json(launch.as_json())
-            return 0
+            return ExitCode.OK
         for warning in launch.warnings:
             print(f"warning: {warning}", file=sys.stderr)
         print(launch.shell())
-        return 0
-    from sm120kit.serve import command
-
-    if args.check:
-        checks, _ = command.run_checks(profile, launch, target, args)
-        code = int(any(c.ok is False for c in checks))
-        if args.json:
-            report.emit_json(
-                {
-                    "profile": profile.name,
-                    "sglang": launch.sglang,
-                    "checks": [c.as_json() for c in checks],
-                    "warnings": launch.warnings,
-                    "exit_code": code,
-                }
-            )
-            return code
-        for warning in launch.warnings:
-            print(f"warning: {warning}", file=sys.stderr)
-        print(f"preflight for {profile.name} (sglang {launch.sglang}):")
-        command.print_checks(checks)
-        return code
-    return command.serve(profile, launch, target, args)
+        return ExitCode.OK
+    options = command.ServeOptions(
+        patch_dirs=tuple(args.patch_dir or ()),
+        allow_missing=frozenset(args.allow_missing),
+        patch_check=not args.no_patch_check,
+        gpu_check=not args.no_gpu_check,
+        kill_stale=args.kill_stale,
+        echo=not args.quiet,
+    )
+    width = report.output_width(args.wide)
+    if not args.check:
+        return command.serve(profile, launch, target, options, width)
+    checked = preflight.run(profile, launch, target, options)
+    if args.json:
+        report.emit_json(checked.as_json())
+    else:
+        preflight.show(checked, width)
+    return checked.exit_code

@@ -1,89 +1,74 @@
-"""`sm120kit doctor`: every check on one screen, the fix for each that is not ok, and the
-GPU peer-to-peer / topology matrix."""
+"""`sm120kit doctor`: every check of the node in one report, each problem with its fix."""
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 from pathlib import Path
 
-from sm120kit import report
-from sm120kit.doctor import nvml
-from sm120kit.doctor.checks import FAIL, OK, Host, run_all
 from sm120kit.errors import UserError
-
-MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "info"}
-SHORT = {
-    "internal": "X",
-    "single-switch": "PIX",
-    "multiple-switches": "PXB",
-    "host-bridge": "PHB",
-    "numa-node": "NODE",
-    "across-sockets": "SYS",
-    "unknown": "?",
-}
+from sm120kit.exit_codes import ExitCode
+from sm120kit.node import registry
+from sm120kit.node.check import Check, Status
+from sm120kit.node.snapshot import Snapshot
 
 
-def matrix(doc: dict) -> list[str]:
-    """nvidia-smi topo style: the common ancestor of each pair; "!" where P2P is not ok."""
-    gpus, topo, p2p = doc.get("gpus", []), doc.get("topology") or [], doc.get("p2p") or []
-    if len(gpus) < 2 or not topo:
-        return []
-    headers = ["", *(f"GPU{g['index']}" for g in gpus)]
-    rows = []
-    for i, g in enumerate(gpus):
-        cells = []
-        for j in range(len(gpus)):
-            if i == j:
-                cells.append("X")
-                continue
-            pair = p2p[i][j] if i < len(p2p) and j < len(p2p[i]) else None
-            blocked = pair is not None and (pair["read"] != "ok" or pair["write"] != "ok")
-            cells.append(SHORT.get(topo[i][j] or "unknown", "?") + ("!" if blocked else ""))
-        rows.append([f"GPU{g['index']}", *cells])
-    legend = "PIX one PCIe switch, PXB several, PHB host bridge, NODE same NUMA node, SYS across sockets; ! no P2P"
-    return [report.table(headers, rows), legend]
+@dataclass(frozen=True)
+class DoctorOptions:
+    root: Path | None = None  # /proc and /sys copied from another node
+    nvml_file: Path | None = None  # NVML answers recorded by `doctor --json`
+    patch_dirs: tuple[str, ...] = ()
 
 
-def doctor(args, profile, target) -> int:
+@dataclass(frozen=True)
+class DoctorReport:
+    profile: str | None
+    checks: list[Check]
+    node: Snapshot  # what the checks read; its NVML document is what --nvml replays
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return ExitCode.FINDINGS if self.count(Status.FAIL) else ExitCode.OK
+
+    def count(self, status: Status) -> int:
+        return sum(c.status is status for c in self.checks)
+
+    @property
+    def can_serve(self) -> bool:
+        """Nothing failed, and there is a GPU to serve on."""
+        return not self.count(Status.FAIL) and bool(self.node.gpus)
+
+    def as_json(self) -> dict:
+        return {
+            "profile": self.profile,
+            "checks": [c.as_json() for c in self.checks],
+            "nvml": self.node.nvml_document,
+            "exit_code": int(self.exit_code),
+        }
+
+
+def doctor(options: DoctorOptions, profile, target) -> DoctorReport:
     """Exit 0: nothing failed (warnings allowed); 1: something failed."""
-    if args.root and not Path(args.root).is_dir():
+    import os
+
+    from sm120kit.node import nvml
+
+    root = options.root
+    if root and not root.is_dir():
         raise UserError(
-            f"--root {args.root}: no such directory", "pass a directory that holds proc/ and sys/ copied from the node"
+            f"--root {root}: no such directory", "pass a directory that holds proc/ and sys/ copied from the node"
         )
-    if args.root and not any((Path(args.root) / part).is_dir() for part in ("proc", "sys")):
+    if root and not any((root / part).is_dir() for part in ("proc", "sys")):
         # An empty copy would read as a node without a GPU, an IOMMU or a hypervisor.
         raise UserError(
-            f"--root {args.root}: holds neither proc/ nor sys/, so it is no copy of a node",
+            f"--root {root}: holds neither proc/ nor sys/, so it is no copy of a node",
             "pass a directory that holds proc/ and sys/ copied from the node",
         )
-    doc = nvml.load(args.nvml) if args.nvml else nvml.read()
-    host = Host(Path(args.root or "/"), dict(os.environ), doc, target)
-    results = run_all(host, profile)
-    code = int(any(r.status == FAIL for r in results))
-    if args.json:
-        report.emit_json(
-            {
-                "profile": profile.name if profile else None,
-                "checks": [r.as_json() for r in results],
-                "nvml": doc,
-                "exit_code": code,
-            }
-        )
-        return code
-    title = "sm120kit doctor" + (f" --profile {profile.name}" if profile else "")
-    print(title)
-    print(report.table(["", "CHECK", "DETAIL"], [[MARK[r.status], r.id, r.detail] for r in results]))
-    fixes = [r for r in results if r.status not in (OK, "info") and r.fix]
-    if fixes:
-        print("\nto fix:")
-        for r in fixes:
-            print(f"  {r.id}: {r.fix}")
-    lines = matrix(doc)
-    if lines:
-        print("\n" + "\n".join(lines))
-    counts = {s: sum(r.status == s for r in results) for s in ("fail", "warn")}
-    verdict = f"{counts['fail']} failed, {counts['warn']} warning(s)"
-    if not code and host.gpus:
-        verdict += ": this node can serve" + (f" {profile.name}" if profile else "")
-    print("\n" + verdict)
-    return code
+    document = nvml.load(str(options.nvml_file)) if options.nvml_file else nvml.read()
+    node = Snapshot(root or Path("/"), dict(os.environ), lambda: document, target)
+    inputs = registry.CheckInputs(
+        node,
+        profile,
+        patch_dirs=options.patch_dirs,
+        patch_ids=tuple(profile.patches) if profile else None,
+    )
+    return DoctorReport(profile.name if profile else None, registry.run(registry.DOCTOR, inputs), node)

@@ -1,2 +1,2 @@
-"""The patch engine: declared patches (spec), discovery (registry), state (ledger), and
-plan / apply / verify / revert (engine)."""
+"""The patch engine: declared patches (spec, registry), the pure rewrite step (transform),
+planning (verdicts, planning), writing (apply, writing, transaction, ledger) and revert."""

@@ -146,7 +146,8 @@ class Ledger:
         for path in (self.state_dir, *(self.state_dir / name for name in STATE_FILES)):
             if path.is_symlink():
                 raise UserError(
-                    f"{path} is a symbolic link (to {os.readlink(path)}): sm120kit never follows one out of its state directory",
+                    f"{path} is a symbolic link (to {os.readlink(path)}): "
+                    "sm120kit never follows one out of its state directory",
                     f"remove the link (rm {path}) and run the command again",
                 )
 
@@ -252,7 +253,8 @@ class ReadOnly(UserError):
 
     def __init__(self, where: Path, exc: OSError) -> None:
         super().__init__(
-            f"{where} is not writable ({exc.strerror or exc}): this environment is read-only for this user; nothing was changed",
+            f"{where} is not writable ({exc.strerror or exc}): "
+            "this environment is read-only for this user; nothing was changed",
             "patch where the environment is built (a Dockerfile RUN step, or as the owner of the venv); "
             "`sm120kit status` and `sm120kit patch --check` work read-only",
         )

@@ -79,7 +79,8 @@ def select(patches: list[Patch], only: list[str] | None, flag: str = "") -> list
     unknown = [i for i in only if i not in known]
     if unknown:
         raise UserError(
-            f"{flag + ': ' if flag else ''}unknown patch id {', '.join(map(repr, unknown))}; known: {', '.join(known) or 'none'}",
+            f"{flag + ': ' if flag else ''}unknown patch id {', '.join(map(repr, unknown))}; "
+            f"known: {', '.join(known) or 'none'}",
             "run `sm120kit patches` to list them",
         )
     return [known[i] for i in only]

@@ -3,7 +3,8 @@
 A patch is one small declared unit, like a libcst codemod: metadata plus one or more
 rewrites, each a (file, version range, transform). A transform takes the parsed module and
 returns a result value; it never raises for a shape it does not know and never touches
-the disk. The engine owns everything else (I/O, check mode, verification, state).
+the disk. The rest of sm120kit.patching owns everything else (I/O, check mode,
+verification, state).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class Outcome(str, enum.Enum):
         return self in (Outcome.ANCHOR_MISSING, Outcome.FOREIGN_EDIT, Outcome.FAILED)
 
 
-# `# sm120kit: <id> r<revision>`, optionally followed by `: why`. The engine reads every
+# `# sm120kit: <id> r<revision>`, optionally followed by `: why`. Planning reads every
 # marker in a file; a transform only ever looks for its own current one.
 MARKER = re.compile(r"#\s*sm120kit:\s*(?P<id>[A-Za-z0-9][A-Za-z0-9_.-]*)\s+r(?P<revision>\d+)\b")
 
@@ -52,7 +53,7 @@ def marker_revisions(text: str, patch_id: str) -> set[int]:
 class Context:
     """What a transform may know besides the code: which patch it serves, and the marker
     comment it must leave on the statement it changes (so applied code is recognisable
-    without the ledger). Other revisions' markers are the engine's business: a transform
+    without the ledger). Other revisions' markers are planning's business: a transform
     never sees a file that carries one."""
 
     patch_id: str

@@ -279,7 +279,8 @@ def _restore(ledger: Ledger, target: Path, before: str, after: str) -> str:
     old = ledger.backup(before)
     if old is None:
         raise UserError(
-            f"{target} holds the bytes of an interrupted sm120kit run, and the backup {before[:12]} of its old bytes is missing",
+            f"{target} holds the bytes of an interrupted sm120kit run, "
+            f"and the backup {before[:12]} of its old bytes is missing",
             "reinstall the package it belongs to (pip install --force-reinstall --no-deps ...), then remove "
             + str(journal_path(ledger.site)),
         )

@@ -8,24 +8,28 @@ import contextlib
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from sm120kit.errors import UserError
+from sm120kit.exit_codes import ExitCode
 from sm120kit.profiles.render import EnvRef, Launch
 from sm120kit.serve import preflight
 from sm120kit.serve.probe import probe_host
-from sm120kit.serve.rundir import ENV_VAR, Record, serve_root
+from sm120kit.serve.rundir import ENV_VAR, RunRecord, serve_root
+from sm120kit.serve.status import EventKind
 
-MARKS = {True: "ok  ", False: "FAIL", None: "skip"}
 KEY_FILE = "api-key.yaml"  # the API key for sglang's --config, in the private run directory
 
 
-def print_checks(checks: list[preflight.Check], out=sys.stdout) -> None:
-    for c in checks:
-        out.write(
-            f"  {MARKS[c.ok]} {c.name}: {c.detail}\n" + (f"       -> {c.hint}\n" if c.hint and c.ok is not True else "")
-        )
-    out.flush()
+@dataclass(frozen=True)
+class ServeOptions:
+    patch_dirs: tuple[str, ...] = ()
+    allow_missing: frozenset[str] = frozenset()  # patch ids whose missing anchor may start anyway
+    patch_check: bool = True
+    gpu_check: bool = True
+    kill_stale: bool = False  # stop the stale sglang processes the preflight finds
+    echo: bool = True  # the server's log on our output as it is written (--quiet: not)
 
 
 def resolve_argv(
@@ -84,39 +88,18 @@ def keep_secret(secret: str | None, name: str):
         raise
 
 
-def run_checks(profile, launch: Launch, target, args) -> tuple[list[preflight.Check], dict[str, str]]:
-    env = preflight.server_env(launch.env)
-    checks = [
-        preflight.Check(
-            "profile",
-            True,
-            f"renders for sglang {launch.sglang}"
-            + (f" ({len(launch.warnings)} warning(s) above)" if launch.warnings else ""),
-        )
-    ]
-    checks += preflight.run(
-        profile,
-        target,
-        env,
-        patch_dirs=args.patch_dir,
-        patch_check=not args.no_patch_check,
-        gpu_check=not args.no_gpu_check,
-        kill_stale=args.kill_stale,
-        allow_missing=frozenset(args.allow_missing),
-    )
-    return checks, env
-
-
-def serve(profile, launch: Launch, target, args) -> int:
-    """Exit codes: 0 stopped on request and clean; 1 gave up (crash-loop limit); 2 refused
-    (preflight, bad input); 3 stopped, but a process or port of the server was left."""
+def serve(profile, launch: Launch, target, options: ServeOptions, width: int | None) -> ExitCode:
+    """OK: stopped on request and clean; FINDINGS: gave up (crash-loop limit); ERROR:
+    refused (the preflight); UNCLEAN: stopped, but a process or port of the server was
+    left. The preflight is shown fitted to width (None: one line per check)."""
     from filelock import FileLock, Timeout
 
-    from sm120kit.serve.supervisor import Policy, Server, Supervisor
+    from sm120kit.node.checks.serving import port_plan
+    from sm120kit.serve.supervisor import Policy, ServerSpec, Supervisor
 
     directory = serve_root() / profile.name
     try:
-        record = Record(directory)
+        record = RunRecord(directory)
         lock = FileLock(str(record.dir / "supervisor.lock"))
         lock.acquire(timeout=0)
     except Timeout:
@@ -135,19 +118,17 @@ def serve(profile, launch: Launch, target, args) -> int:
         if key_file.exists() or key_file.is_symlink():
             key_file.unlink()  # only a supervisor killed with SIGKILL (no finally) leaves one
             print(f"removed the API key file that a killed supervisor left behind: {key_file}")
-        for warning in launch.warnings:
-            print(f"warning: {warning}", file=sys.stderr)
-        print(f"preflight for {profile.name} (sglang {launch.sglang}):")
-        checks, env = run_checks(profile, launch, target, args)
-        print_checks(checks)
-        failed = [c for c in checks if c.ok is False]
-        record.event("preflight", ok=not failed, checks=[c.as_json() for c in checks])
-        if failed:
+        checked = preflight.run(profile, launch, target, options)
+        preflight.show(checked, width)
+        record.event(EventKind.PREFLIGHT, ok=not checked.failed, checks=[c.as_json() for c in checked.checks])
+        if checked.failed:
             print(
-                f"sm120kit: refusing to start {profile.name}: {len(failed)} preflight check(s) failed (see above)",
+                f"sm120kit: refusing to start {profile.name}: {len(checked.failed)} preflight check(s) failed "
+                "(see above)",
                 file=sys.stderr,
             )
-            return 2
+            return ExitCode.ERROR
+        env = checked.env
         try:
             argv, shown, key = resolve_argv(launch, env, key_file if _has_config_flag(target) else None)
         except OSError as exc:
@@ -155,20 +136,20 @@ def serve(profile, launch: Launch, target, args) -> int:
                 f"cannot write the API key file {key_file}: {exc.strerror or exc}; nothing was started",
                 f"free space under {record.dir}, or point ${ENV_VAR} at another disk",
             ) from None
-        server = Server(
+        server = ServerSpec(
             profile.name,
             argv,
             shown,
             env,
             probe_host(profile.server.host),
             profile.server.port,
-            preflight.port_plan(profile),
+            port_plan(profile),
             api_key=key,
             api_key_env=profile.server.api_key_env,
-            check_gpus=not args.no_gpu_check,
+            check_gpus=options.gpu_check,
         )
         with keep_secret(key, f"${profile.server.api_key_env}"):
-            return Supervisor(server, Policy.from_health(profile.health), record, echo=not args.quiet).run()
+            return ExitCode(Supervisor(server, Policy.from_health(profile.health), record, echo=options.echo).run())
     finally:
         key_file.unlink(missing_ok=True)
         lock.release()
@@ -181,7 +162,7 @@ def _has_config_flag(target) -> bool:
     return dist is not None and read_schema(dist).get("--config") is not None
 
 
-def record_pid(record: Record) -> int | None:
+def record_pid(record: RunRecord) -> int | None:
     try:
         return json.loads(record.state_file.read_text()).get("supervisor_pid")
     except (OSError, ValueError):

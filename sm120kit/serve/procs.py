@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from sm120kit.serve import clock
+
 MARKER = "SM120KIT_SERVE_ID"
 # Test-only: a pid whose descendants are all that scans look at. The test suite sets it to
 # itself (a child subreaper, so the orphans it leaves stay its descendants): an sglang
@@ -118,18 +120,9 @@ class Proc:
         }
 
     def line(self) -> str:
-        age = _age(time.time() - self.started)
+        age = clock.age(time.time() - self.started)
         orphan = ", orphaned: its launcher is gone" if self.orphan else ""
         return f"pid {self.pid} {self.title!r} (user {self.user}, up {age}{orphan})"
-
-
-def _age(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 SECRET_FLAGS = ("--api-key", "--admin-api-key")
@@ -145,7 +138,8 @@ def _title(cmdline: list[str], name: str) -> str:
             words[i + 1] = "***"
         elif word.startswith(tuple(f + "=" for f in SECRET_FLAGS)):
             words[i] = word.split("=", 1)[0] + "=***"
-    return " ".join(w for w in words if w)[:120]  # setproctitle pads argv's memory: empty words
+    # setproctitle pads argv's memory: with NULs (empty words) or, on some systems, spaces
+    return " ".join(w.strip() for w in words if w.strip())[:120]
 
 
 def _is_sglang(cmdline: list[str], name: str) -> bool:

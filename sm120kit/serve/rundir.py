@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 
 from sm120kit.errors import problems
+from sm120kit.serve.status import TERMINAL, EventKind, RunStatus
 
 ENV_VAR = "SM120KIT_STATE_DIR"
 LOG_BACKUPS = 5
@@ -64,7 +65,7 @@ def copy_truncate(path: Path, keep: int = LOG_BACKUPS) -> None:
             fh.truncate(0)
 
 
-class Record:
+class RunRecord:
     """events.jsonl and state.json of one run directory."""
 
     def __init__(self, directory: Path) -> None:
@@ -114,7 +115,7 @@ class Record:
         if self._problems.pop(path.name, None):
             self.on_problem(f"recording {path.name} again")
 
-    def event(self, kind: str, **fields) -> dict:
+    def event(self, kind: EventKind, **fields) -> dict:
         now = time.time()
         doc = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}",
@@ -193,7 +194,7 @@ def runs() -> list[dict]:
             found.append(
                 {
                     "profile": path.parent.name,
-                    "status": "damaged",
+                    "status": RunStatus.DAMAGED,
                     "running": False,
                     "dir": str(path.parent),
                     "error": f"{path}: {problems(exc)}",
@@ -201,8 +202,8 @@ def runs() -> list[dict]:
             )
             continue
         alive = _supervisor_alive(state)
-        if not alive and state.get("status") not in ("stopped", "gave-up"):
-            state["status"] = "supervisor gone"  # killed without a chance to stop the server
+        if not alive and state.get("status") not in TERMINAL:
+            state["status"] = RunStatus.SUPERVISOR_GONE  # killed without a chance to stop the server
         state["running"] = alive
         state["dir"] = str(path.parent)
         found.append(state)

@@ -1,0 +1,146 @@
+"""`bench --serve`: the profile's server for the length of the sweep, run by serve's own
+Python API (preflight, then the supervisor) in a child process, up when it generates and
+stopped with SIGTERM, the supervisor's clean stop, after the sweep.
+
+Why a child process and not a thread: the supervisor owns SIGINT, SIGTERM and SIGHUP (it
+drains and stops the server on them, and a second Ctrl-C hurries it), and Python lets
+only the main thread install signal handlers; bench needs its own main thread for the
+sweep and its Ctrl-C. The child is forked from this process, so it starts from the profile,
+launch and target already loaded (no command line is rebuilt); it moves to a session of
+its own, so that a Ctrl-C in the terminal reaches bench alone and the server gets exactly
+one SIGTERM, from the finally below; and it is tied to bench (PR_SET_PDEATHSIG), so that
+a bench killed outright still stops the server cleanly. While the server is up, SIGTERM
+and SIGHUP to bench raise KeyboardInterrupt like Ctrl-C: the server is stopped, the
+finished levels are kept."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from sm120kit.errors import UserError
+from sm120kit.exit_codes import ExitCode
+from sm120kit.serve.status import EventKind
+
+READY_SLACK_S = 60.0  # past the profile's startup budget: the preflight and the supervisor's own start
+
+
+class EventTail:
+    """The kinds of the events a run record gains from now on (events.jsonl)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = path.stat().st_size if path.exists() else 0
+
+    def new(self) -> list[EventKind]:
+        try:
+            data = self.path.read_bytes()[self.offset :]
+        except OSError:
+            return []
+        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next call
+        self.offset += len(complete)
+        kinds = []
+        for line in complete.decode("utf-8", errors="replace").splitlines():
+            try:
+                kinds.append(EventKind(json.loads(line)["event"]))
+            except (ValueError, KeyError, TypeError):
+                continue  # a damaged line, or a kind this sm120kit does not know
+        return kinds
+
+
+@contextlib.contextmanager
+def served(profile, launch, target, options, width: int | None, out=None) -> Iterator[None]:
+    """Up until it generates (or a UserError: nothing was benchmarked), stopped after.
+    What we and the server say goes to out (stdout; stderr while stdout carries JSON)."""
+    from sm120kit.serve.rundir import serve_root
+
+    out = out or sys.stdout
+    events = EventTail(serve_root() / profile.name / "events.jsonl")
+    budget = profile.health.startup_timeout_s
+    print(f"starting the server: serve {profile.name} --quiet (in a child process; up to {budget:g} s)", file=out)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # a forked child must not write our buffered output again
+    child = multiprocessing.get_context("fork").Process(
+        target=_serve,
+        args=(os.getpid(), out is sys.stderr, profile, launch, target, options, width),
+        name=f"serve {profile.name}",
+    )
+    child.start()  # before the handlers below: the child keeps the default ones until the supervisor's
+    with _stop_signals_interrupt():
+        try:
+            _wait_ready(child, events, profile, budget + READY_SLACK_S)
+            yield
+        finally:
+            _stop(child, out)
+
+
+def _stop(child, out) -> None:
+    if not child.is_alive():
+        return
+    os.kill(child.pid, signal.SIGTERM)
+    try:
+        child.join()
+    except KeyboardInterrupt:  # a second Ctrl-C hurries the stop, as it does for `sm120kit serve`
+        os.kill(child.pid, signal.SIGTERM)
+        child.join()
+        raise
+    print(f"stopped the server (sm120kit serve exit code {child.exitcode})", file=out, flush=True)
+
+
+def _wait_ready(child, events: EventTail, profile, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        kinds = events.new()
+        if EventKind.READY in kinds:
+            return
+        if not child.is_alive() or EventKind.GAVE_UP in kinds or time.monotonic() > deadline:
+            child.join(0.5)
+            code = child.exitcode
+            raise UserError(
+                f"the server for {profile.name} did not get ready"
+                + (f" (sm120kit serve exit code {code})" if code is not None else "")
+                + "; nothing was benchmarked",
+                f"see the lines above; sm120kit serve {profile.name} --check; the log is in {events.path.parent}",
+            )
+        time.sleep(0.2)
+
+
+def _serve(parent: int, to_stderr: bool, profile, launch, target, options, width: int | None) -> None:
+    """The child: serve's Python API, its exit code as the process's."""
+    from sm120kit.serve import procs
+    from sm120kit.serve.command import serve
+
+    if to_stderr:
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    os.setsid()
+    procs._prctl(procs.PR_SET_PDEATHSIG, signal.SIGTERM)  # bench gone: the supervisor's clean stop
+    if os.getppid() != parent:  # bench died before the tie took effect
+        sys.exit(int(ExitCode.INTERRUPTED))
+    try:
+        code = serve(profile, launch, target, options, width)
+    except UserError as exc:
+        print(f"sm120kit: error: {exc}", file=sys.stderr)
+        code = ExitCode.ERROR
+    sys.exit(int(code))
+
+
+@contextlib.contextmanager
+def _stop_signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt meanwhile, as Ctrl-C does."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    before = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

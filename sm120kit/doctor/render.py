@@ -1,0 +1,52 @@
+"""doctor's report as text: the checks' table, the fix for each that is not ok, the GPU
+peer-to-peer / topology matrix and the verdict, fitted to a width (None: --wide)."""
+
+from __future__ import annotations
+
+from sm120kit import report
+from sm120kit.doctor.command import DoctorReport
+from sm120kit.node import render
+from sm120kit.node.check import Status
+from sm120kit.node.nvml_schema import NvmlDocument
+
+SHORT = {
+    "internal": "X",
+    "single-switch": "PIX",
+    "multiple-switches": "PXB",
+    "host-bridge": "PHB",
+    "numa-node": "NODE",
+    "across-sockets": "SYS",
+    "unknown": "?",
+}
+LEGEND = "PIX one PCIe switch, PXB several, PHB host bridge, NODE same NUMA node, SYS across sockets; ! no P2P"
+
+
+def text(doctor_report: DoctorReport, width: int | None) -> str:
+    r = doctor_report
+    lines = ["sm120kit doctor" + (f" --profile {r.profile}" if r.profile else ""), render.table(r.checks, width)]
+    if fixes := render.fixes(r.checks, width):
+        lines += ["", "to fix:", *fixes]
+    if grid := matrix(r.node.nvml):
+        lines += ["", grid, report.wrap(LEGEND, width)]
+    verdict = f"{r.count(Status.FAIL)} failed, {r.count(Status.WARN)} warning(s)"
+    if r.can_serve:
+        verdict += ": this node can serve" + (f" {r.profile}" if r.profile else "")
+    return "\n".join([*lines, "", verdict])
+
+
+def matrix(nvml: NvmlDocument) -> str:
+    """nvidia-smi topo style: the common ancestor of each pair; "!" where P2P is not ok."""
+    gpus, topo, p2p = nvml.gpus, nvml.topology, nvml.p2p
+    if len(gpus) < 2 or not topo:
+        return ""
+    rows = []
+    for i, g in enumerate(gpus):
+        cells = []
+        for j in range(len(gpus)):
+            if i == j:
+                cells.append("X")
+                continue
+            pair = p2p[i][j] if i < len(p2p) and j < len(p2p[i]) else None
+            cells.append(SHORT.get(topo[i][j] or "unknown", "?") + ("!" if pair and not pair.ok else ""))
+        rows.append([f"GPU{g.index}", *cells])
+    return report.table(["", *(f"GPU{g.index}" for g in gpus)], rows)

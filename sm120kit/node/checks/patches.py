@@ -1,0 +1,65 @@
+"""Are the patches in place? One check for every command: serve's preflight and doctor
+with a profile judge the profile's patches (a patch not in place fails: serve refuses to
+start without it); doctor without one, and bench, survey every known patch (one not in
+place is a warning). data["findings"] is each patch's outcome, as bench records it."""
+
+from __future__ import annotations
+
+from sm120kit.node.check import Check, Status
+
+NO_PATCH_CHECK = " (or start anyway with --no-patch-check)"
+
+
+def patches(inputs) -> Check:
+    target = inputs.node.target
+    if target is None or not target.find("sglang"):
+        return Check("patches", Status.INFO, "no sglang to check")
+    if inputs.patch_ids == ():
+        return Check("patches", Status.OK, "the profile needs none")
+    plan, checked = _plan(target, inputs)
+    code = plan.exit_code(check=True)
+    data = {
+        "findings": [
+            {"patch": f.patch.id, "version": f.version, "outcome": f.outcome.value, "proven": not f.unproven}
+            for f in plan.findings
+        ]
+    }
+    notes = [f"{f.patch.id}: {f.unproven}" for f in plan.unproven]
+    notes += [
+        f"{f.patch.id}: anchor-missing on {f.patch.package} {f.version}, allowed (--allow-missing)"
+        for f in plan.findings
+        if f.allowed
+    ]
+    if code == 0:
+        note = "".join(f"; {n}" for n in dict.fromkeys(notes))
+        return Check("patches", Status.OK, f"{checked} in place, fixed upstream or not needed{note}", data=data)
+    drift = sorted(
+        {
+            f"{f.patch.id}: {f.outcome.value}" + (f" ({f.detail})" if f.detail and code == 2 else "")
+            for f in plan.errors + plan.pending
+        }
+    )
+    drift += [problem.splitlines()[0] for problem in plan.blockers]
+    hints = list(dict.fromkeys(f"{f.patch.id}: {f.hint}" for f in plan.errors if f.hint))
+    fix = "; ".join(hints) or (
+        "run `sm120kit patch --verify`" if code == 1 else "run `sm120kit status` for the details"
+    )
+    required = inputs.patch_ids is not None
+    return Check(
+        "patches",
+        Status.FAIL if required or code == 2 else Status.WARN,
+        "not in place: " + "; ".join(drift),
+        fix + (NO_PATCH_CHECK if required else ""),
+        data,
+    )
+
+
+def _plan(target, inputs):
+    """The plan over the patches judged, and how many they are."""
+    from sm120kit.patching import planning
+    from sm120kit.patching.registry import load_patches, select
+
+    known = load_patches(list(inputs.patch_dirs) or None)
+    select(known, sorted(inputs.allow_missing), "--allow-missing")  # known ids only
+    chosen = known if inputs.patch_ids is None else select(known, list(inputs.patch_ids))
+    return planning.plan(target, chosen, need_bytes=False, allow_missing=inputs.allow_missing), len(chosen)

@@ -1,0 +1,131 @@
+"""Checks of what runs on the node: CUDA and NCCL variables, the Python environment's
+packages (from metadata, nothing imported), flashinfer's JIT cache, the model on disk."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from sm120kit.node.check import Check, Status
+from sm120kit.node.nvml_schema import visible
+
+PACKAGES = ("torch", "sglang", "flashinfer-python", "triton")
+
+
+def environment(inputs) -> Check:
+    node, profile = inputs.node, inputs.profile
+    problems, warns = [], []
+    cvd = node.env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None and node.gpus:
+        entries = [v for v in cvd.split(",") if v.strip()]
+        seen = visible(node.gpus, node.env)
+        if len(seen) < len(entries):
+            problems.append(
+                f"CUDA_VISIBLE_DEVICES={cvd} names a GPU NVML does not have (CUDA stops at it: {len(seen)} visible)"
+            )
+        if node.env.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+            warns.append(
+                "CUDA_VISIBLE_DEVICES is set but CUDA_DEVICE_ORDER is not PCI_BUS_ID: "
+                "CUDA's order may differ from nvidia-smi's"
+            )
+    for name, want in (profile.env if profile else {}).items():
+        have = node.env.get(name)
+        if name.startswith(("NCCL_", "CUDA_")) and have is not None and have != want:
+            warns.append(f"{name}={have} here; the profile sets {want} for the server")
+    if problems:
+        return Check(
+            "environment",
+            Status.FAIL,
+            "; ".join(problems + warns),
+            "fix CUDA_VISIBLE_DEVICES (indices or UUIDs from `nvidia-smi -L`)",
+        )
+    if warns:
+        return Check(
+            "environment",
+            Status.WARN,
+            "; ".join(warns),
+            "export CUDA_DEVICE_ORDER=PCI_BUS_ID; let the profile's env win",
+        )
+    return Check("environment", Status.OK, "CUDA and NCCL variables consistent")
+
+
+def software(inputs) -> Check:
+    """The versions that matter, also recorded by bench (data["versions"])."""
+    target = inputs.node.target
+    if target is None:
+        return Check("software", Status.INFO, "no Python environment given")
+    found = {n: target.find(n) for n in PACKAGES}
+    data = {"versions": {n: d.version if d else None for n, d in found.items()}}
+    detail = ", ".join(f"{n} {d.version}" for n, d in found.items() if d) or "none of torch, sglang, flashinfer, triton"
+    torch = found["torch"]
+    cuda = re.search(r"\+cu(\d+)", torch.version) if torch else None
+    if cuda and int(cuda.group(1)) < 128:
+        return Check(
+            "software",
+            Status.FAIL,
+            detail + f": torch built for CUDA {cuda.group(1)} has no sm_120 kernels",
+            "pip install torch built for CUDA 12.8 or newer (cu128+)",
+            data,
+        )
+    if not found["sglang"]:
+        return Check(
+            "software",
+            Status.WARN,
+            detail + "; sglang is not installed here",
+            "install sglang, or point sm120kit at its environment with --python EXE",
+            data,
+        )
+    return Check("software", Status.OK, detail, data=data)
+
+
+def jit_cache(inputs) -> Check:
+    target = inputs.node.target
+    dist = target.find("flashinfer-python") if target else None
+    if dist is None:
+        return Check("jit cache", Status.INFO, "flashinfer is not installed")
+    from sm120kit.patching import jit_cache as jc
+
+    if prebuilt := jc.prebuilt_package(dist):
+        return Check(
+            "jit cache",
+            Status.WARN,
+            f"{prebuilt} is installed: its prebuilt kernels win over patched sources",
+            f"pip uninstall {prebuilt}",
+        )
+    dirs = [p for p in jc.cache_dirs(dist) if p.exists()]
+    return Check(
+        "jit cache",
+        Status.OK,
+        f"{len(dirs)} flashinfer JIT cache dir(s) for {dist.version}"
+        if dirs
+        else f"empty for flashinfer {dist.version}",
+    )
+
+
+def disk(inputs) -> Check:
+    """The model on disk, or the free space to download it (model.size_gb)."""
+    profile, env = inputs.profile, inputs.node.env
+    path = profile.model.path if profile and profile.model.path else None
+    if not path:
+        return Check("disk", Status.INFO, "no model to look for")
+    local = Path(path).expanduser()
+    if not local.is_absolute() and not local.exists():
+        hub = Path(env.get("HF_HUB_CACHE") or Path(env.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "hub")
+        local = hub / ("models--" + path.replace("/", "--"))
+    where = local if local.exists() else next((p for p in local.parents if p.exists()), Path("/"))
+    stat = os.statvfs(where)
+    free_gb = stat.f_bavail * stat.f_frsize / 1000**3
+    if local.exists():
+        return Check("disk", Status.OK, f"model {path} present at {local}; {free_gb:,.0f} GB free there")
+    size = profile.model.size_gb
+    detail = f"model {path} not downloaded yet ({local}); {free_gb:,.0f} GB free at {where}"
+    fix = f"huggingface-cli download {path}, or point model.path at a copy"
+    if size and free_gb < size:
+        return Check(
+            "disk",
+            Status.FAIL,
+            detail + f", the model needs {size} GB",
+            "free space there, set HF_HOME to a larger disk, or " + fix,
+        )
+    return Check("disk", Status.INFO, detail + (f" (the model needs {size} GB)" if size else ""), fix)

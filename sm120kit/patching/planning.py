@@ -1,0 +1,355 @@
+"""Planning: what each patch is on a target, and the new bytes of each file to change.
+
+Reads the target files once per file, the wheels' RECORD and the ledgers; writes nothing
+but the outcome cache. A plan is what `status` and `patch --check` show and what `patch`
+writes (see apply.py).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sm120kit.errors import UserError
+from sm120kit.patching import jit_cache, transaction
+from sm120kit.patching.ledger import DamagedLedger, Ledger, sha256
+from sm120kit.patching.spec import Outcome, Patch, Rewrite
+from sm120kit.patching.transform import Finding
+from sm120kit.patching.verdicts import (
+    FileState,
+    Items,
+    TargetFile,
+    cached_verdicts,
+    judge_foreign,
+    other_revisions,
+    qualify,
+    rebuild,
+)
+from sm120kit.target import Distribution, Target
+
+
+@dataclass
+class Lost:
+    """A patch recorded in the ledger whose file now holds vendor bytes again."""
+
+    package: str
+    old_version: str
+    new_version: str
+    patch_id: str
+    path: str
+
+
+@dataclass
+class FileChange:
+    dist: Distribution
+    relpath: str
+    before: bytes
+    after: bytes
+    vendor_sha256: str  # what `unpatch` must give back
+    needs_backup: bool  # `before` is the original, not yet in the backups
+
+    @property
+    def abspath(self) -> Path:
+        return self.dist.file(self.relpath)
+
+    def diff(self) -> str:
+        import difflib
+
+        label = self.relpath
+        return "".join(
+            difflib.unified_diff(
+                self.before.decode("utf-8", "replace").splitlines(keepends=True),
+                self.after.decode("utf-8", "replace").splitlines(keepends=True),
+                f"a/{label}",
+                f"b/{label}",
+            )
+        )
+
+
+@dataclass
+class Plan:
+    target: Target
+    findings: list[Finding] = field(default_factory=list)
+    changes: list[FileChange] = field(default_factory=list)
+    lost: list[Lost] = field(default_factory=list)
+    ledgers: dict[Path, Ledger] = field(default_factory=dict)
+    drop: list[tuple[Ledger, str]] = field(default_factory=list)  # entries now describing vendor bytes
+    warnings: list[str] = field(default_factory=list)
+    jit_cache_removed: list[Path] = field(default_factory=list)
+    # (site, patch id): an --allow-missing to record
+    allowances: dict[tuple[Path, str], dict] = field(default_factory=dict)
+    interrupted: list[Path] = field(default_factory=list)  # journals of a killed run, not recovered yet
+    damaged: list[str] = field(default_factory=list)  # ledgers that failed validation (read without them)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.is_error]
+
+    @property
+    def pending(self) -> list[Finding]:
+        """What `patch` would change: new patches and older revisions to bring up."""
+        return [f for f in self.findings if f.outcome in (Outcome.WOULD_APPLY, Outcome.OUTDATED) and not f.stuck]
+
+    @property
+    def unproven(self) -> list[Finding]:
+        return [
+            f for f in self.findings if f.unproven and f.outcome not in (Outcome.FIXED_UPSTREAM, Outcome.NOT_APPLICABLE)
+        ]
+
+    @property
+    def blockers(self) -> list[str]:
+        """Errors of the whole plan, not of one finding: a damaged ledger, an unfinished run."""
+        unfinished = [
+            f"an interrupted sm120kit run left {j}: run `sm120kit patch` or `sm120kit unpatch` to finish it"
+            for j in self.interrupted
+        ]
+        return [*self.damaged, *unfinished]
+
+    def exit_code(self, check: bool) -> int:
+        if self.errors or self.blockers:
+            return 2
+        if check and self.pending:
+            return 1
+        return 0
+
+
+@dataclass(frozen=True)
+class _Options:
+    force: bool
+    cache: bool
+    need_bytes: bool
+    allow_missing: frozenset[str]
+    tolerate_damage: bool
+
+
+def plan(
+    target: Target,
+    patches: list[Patch],
+    force: bool = False,
+    *,
+    cache: bool = True,
+    need_bytes: bool = True,
+    allow_missing: frozenset[str] = frozenset(),
+    tolerate_damage: bool = True,
+) -> Plan:
+    """What each patch is on the target, and (with need_bytes) the new bytes of each file
+    to change. `cache` lets verdicts cached for these exact bytes stand in for running the
+    transforms; `verify` turns it off to prove everything from disk. `allow_missing`: patch
+    ids whose anchor-missing the user accepts (recorded in the ledger by `apply`). A damaged
+    ledger is reported and the markers alone judge the code (`tolerate_damage`), except
+    for a run that would write on top of it."""
+    options = _Options(force, cache, need_bytes, allow_missing, tolerate_damage)
+    result = Plan(target)
+    by_package: dict[str, list[Patch]] = defaultdict(list)
+    for patch in patches:
+        by_package[patch.package].append(patch)
+    installed = 0
+    for package, group in by_package.items():
+        dist = target.find(package)
+        if dist is None:
+            result.findings += [Finding(p, Outcome.NOT_APPLICABLE, f"{package} is not installed") for p in group]
+            continue
+        installed += 1
+        _plan_package(result, dist, group, options)
+    if patches and not installed:
+        names = sorted(by_package)
+        missing = f"{names[0]} is not installed" if len(names) == 1 else f"none of {', '.join(names)} is installed"
+        raise UserError(
+            f"{missing} in {target.description}: nothing to do",
+            "point sm120kit at the serving environment with --python /path/to/venv/bin/python or --site DIR",
+        )
+    return result
+
+
+def _plan_package(result: Plan, dist: Distribution, group: list[Patch], options: _Options) -> None:
+    """Add one installed package's findings, changes, losses and warnings to the plan."""
+    ledger = _ledger(result, dist.site, options.tolerate_damage)
+    per_file: dict[str, Items] = defaultdict(list)
+    for patch in group:
+        to_run = patch.rewrites_to_run(dist.version)
+        for rewrite in to_run:
+            per_file[rewrite.path].append((patch, rewrite))
+        result.findings += _not_run(patch, dist, to_run)
+    allowed = {**ledger.allowed_for(dist.name, dist.version), **dict.fromkeys(options.allow_missing, "--allow-missing")}
+    for relpath, items in per_file.items():
+        _add_file(result, ledger, _plan_file(dist, ledger, relpath, items, options, allowed))
+    for f in result.findings:
+        if f.outcome is Outcome.ANCHOR_MISSING and f.patch.package == dist.name and f.patch.id in options.allow_missing:
+            result.allowances[(dist.site, f.patch.id)] = {
+                "package": dist.name,
+                "version": dist.version,
+                "reason": f.detail.rsplit(" (allowed:", 1)[0],
+            }
+    for key, lost in _untargeted_entries(dist, ledger, set(per_file)):
+        result.lost += lost
+        result.drop.append((ledger, key))
+    result.warnings += _package_warnings(result.target, dist, ledger)
+
+
+def _ledger(result: Plan, site: Path, tolerate_damage: bool) -> Ledger:
+    """The site's ledger, loaded once per plan (sglang and flashinfer usually share one)."""
+    if site in result.ledgers:
+        return result.ledgers[site]
+    try:
+        ledger = Ledger.load(site)
+    except DamagedLedger as exc:
+        if not tolerate_damage:
+            raise
+        result.damaged.append(str(exc))
+        ledger = Ledger(site)
+    result.ledgers[site] = ledger
+    result.interrupted += transaction.pending([site])
+    return ledger
+
+
+def _not_run(patch: Patch, dist: Distribution, to_run: list[Rewrite]) -> list[Finding]:
+    """The findings of a patch's parts that run no transform on this release: past the
+    proven window, the parts of the window's top that do not run by shape have their bug
+    known fixed upstream; outside every range, the patch is fixed or not applicable."""
+    if patch.is_past_window(dist.version):
+        return [
+            Finding(
+                patch,
+                Outcome.FIXED_UPSTREAM,
+                f"fixed upstream in {fixed} (by version; proven {patch.window})",
+                dist.version,
+                r.path,
+                fixed,
+            )
+            for r in patch.current_rewrites
+            if r not in to_run and (fixed := patch.fixed_in_for(r))
+        ]
+    if to_run:
+        return []
+    if patch.is_fixed_in(dist.version):
+        outcome = Outcome.FIXED_UPSTREAM
+        detail = f"fixed upstream in {patch.fixed_in} (by version; beyond the releases it was proven on)"
+    else:
+        windows = "; ".join(sorted({r.versions for r in patch.rewrites}))
+        outcome, detail = Outcome.NOT_APPLICABLE, f"{dist.name} {dist.version} is outside {windows}"
+    return [Finding(patch, outcome, detail, dist.version, fixed_in=patch.fixed_in)]
+
+
+@dataclass
+class _FilePlan:
+    """What planning one file adds to the plan."""
+
+    findings: list[Finding]
+    lost: list[Lost] = field(default_factory=list)
+    drop: str | None = None  # the key of its ledger entry, when that now describes vendor bytes
+    change: FileChange | None = None
+
+
+def _add_file(result: Plan, ledger: Ledger, file_plan: _FilePlan) -> None:
+    result.findings += file_plan.findings
+    result.lost += file_plan.lost
+    if file_plan.drop is not None:
+        result.drop.append((ledger, file_plan.drop))
+    if file_plan.change is not None:
+        result.changes.append(file_plan.change)
+
+
+def _plan_file(
+    dist: Distribution, ledger: Ledger, relpath: str, items: Items, options: _Options, allowed: dict[str, str]
+) -> _FilePlan:
+    path = dist.file(relpath)
+    try:
+        before = path.read_bytes()
+    except FileNotFoundError:
+        reason = f"{relpath} is absent from {dist.name} {dist.version} ({path})"
+        findings = [
+            Finding(p, Outcome.ANCHOR_MISSING, reason, dist.version, relpath, p.fixed_in_for(r)) for p, r in items
+        ]
+        return _FilePlan(qualify(findings, dist, allowed))
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}", "run as a user that can read the environment") from None
+
+    file = TargetFile(dist, ledger, relpath, before, ledger.files.get(dist.key(relpath)))
+    older = other_revisions(before, items)
+    if older:
+        after, findings = rebuild(file, items, older, options.need_bytes)
+    else:
+        after, findings = cached_verdicts(file, items, options.cache, options.need_bytes)
+    result = _FilePlan(qualify(findings, dist, allowed))
+    entry = file.entry
+    if entry and file.state is FileState.PRISTINE:  # an upgrade or reinstall put the vendor's bytes back
+        result.lost = [Lost(dist.name, entry.version, dist.version, pid, entry.path) for pid in entry.patches]
+        result.drop = dist.key(relpath)
+    if file.state is FileState.FOREIGN and not older:
+        judge_foreign(findings, file, options.force)
+    if after is None or after == before or any(f.is_error for f in findings):
+        return result
+    ours = file.state is FileState.OURS
+    result.change = FileChange(
+        dist,
+        relpath,
+        before,
+        after,
+        vendor_sha256=entry.vendor_sha256 if ours else file.digest,
+        needs_backup=not ours,
+    )
+    return result
+
+
+def _untargeted_entries(dist: Distribution, ledger: Ledger, targeted: set[str]) -> list[tuple[str, list[Lost]]]:
+    """Ledger entries for files that no rewrite covers any more (the upgrade moved or
+    fixed the code): when the file is back to vendor bytes, the patch was lost. (the
+    entry's key, its patches lost) for each entry to drop."""
+    dropped = []
+    for key, entry in ledger.files.items():
+        if entry.package != dist.name or entry.path in targeted:
+            continue
+        data = read_entry(ledger, dist.file(entry.path))
+        current = sha256(data) if data is not None else None
+        if current == entry.patched_sha256:
+            continue
+        dropped.append((key, [Lost(dist.name, entry.version, dist.version, pid, entry.path) for pid in entry.patches]))
+    return dropped
+
+
+def read_entry(ledger: Ledger, path: Path | None) -> bytes | None:
+    """A ledger entry's file now, or None when it is absent."""
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise ledger.damaged(f"{path} is a directory") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}", "run as a user that can read the environment") from None
+
+
+def _package_warnings(target: Target, dist: Distribution, ledger: Ledger) -> list[str]:
+    """What may undo or hide the patches without being an error of any one of them."""
+    warnings = []
+    if dist.record_damaged:
+        warnings.append(
+            f"{dist.dist_info / 'RECORD'} is not valid UTF-8 (a damaged installation): the rows of the files "
+            "sm120kit patches were read, the rest ignored; repair it: "
+            f"pip install --force-reinstall --no-deps {dist.name}=={dist.version}"
+        )
+    warnings += _stale_jit_caches(dist, ledger)
+    prebuilt = jit_cache.prebuilt_package(dist)
+    if prebuilt and (aot := target.find(prebuilt)):
+        warnings.append(
+            f"{aot.name} {aot.version} is installed: flashinfer loads its prebuilt kernels instead of "
+            f"building from the sources that sm120kit patches (pip uninstall {aot.name} to use the fixes)"
+        )
+    return warnings
+
+
+def _stale_jit_caches(dist: Distribution, ledger: Ledger) -> list[str]:
+    import datetime as dt
+
+    times = [e.patched_at for e in ledger.files.values() if e.package == dist.name and e.patched_at]
+    if not times or not jit_cache.cache_dirs(dist):
+        return []
+    patched = max(dt.datetime.fromisoformat(t) for t in times)
+    return [
+        f"{dist.name} {dist.version}: the JIT cache {d} holds kernels built before sm120kit "
+        f"patched the sources ({patched:%Y-%m-%d %H:%M} UTC); remove it (rm -rf {d}) so they are rebuilt"
+        for d in jit_cache.built_before(dist, patched.timestamp())
+    ]

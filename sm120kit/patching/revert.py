@@ -1,0 +1,256 @@
+"""`unpatch`: give back the vendor's bytes of every file the ledger says carries a patch.
+
+Each file is proven against RECORD (or, for an editable install, the bytes seen before
+patching); the file's other patches are re-applied to the original. Nothing is written
+if any file cannot be restored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+
+from sm120kit.patching import planning, transaction, transform, writing
+from sm120kit.patching.ledger import FileEntry, Ledger, ReadOnly, sha256
+from sm120kit.patching.planning import Plan, read_entry
+from sm120kit.patching.spec import Outcome, Patch, Rewrite
+from sm120kit.target import Distribution, Target
+
+
+class RestoreOutcome(str, enum.Enum):
+    RESTORED = "restored"
+    WOULD_RESTORE = "would-restore"
+    PRISTINE = "pristine"  # already the vendor's bytes: only the ledger entry goes
+    FOREIGN_EDIT = "foreign-edit"
+    NO_BACKUP = "no-backup"  # nothing to restore from (or to re-apply the other patches with)
+
+    @property
+    def is_error(self) -> bool:
+        return self in (RestoreOutcome.FOREIGN_EDIT, RestoreOutcome.NO_BACKUP)
+
+
+@dataclass
+class Restore:
+    package: str
+    version: str
+    path: str
+    patch_ids: list[str]
+    outcome: RestoreOutcome
+    detail: str = ""
+
+    @property
+    def is_error(self) -> bool:
+        return self.outcome.is_error
+
+    def as_json(self) -> dict:
+        return {
+            "package": self.package,
+            "version": self.version,
+            "path": self.path,
+            "patch_ids": self.patch_ids,
+            "outcome": self.outcome.value,
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class Unpatched:
+    rows: list[Restore] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    jit_cache_removed: list[Path] = field(default_factory=list)
+
+
+def unpatch(
+    target: Target,
+    patches: list[Patch],
+    only: set[str] | None = None,
+    force: bool = False,
+    dry_run: bool = False,
+    keep_jit_cache: bool = False,
+) -> Unpatched:
+    """Give back the vendor's bytes for every file that carries one of the patches in
+    `only` (all when None); other patches on the same file are re-applied to the original.
+    Proven against RECORD (or, for an editable install, the bytes seen before patching).
+    JIT caches built from the patched sources go too."""
+    request = _Request(target, patches, only if only is not None else {p.id for p in patches}, force)
+    sites = {d.site for p in patches if p.id in request.wanted and (d := target.find(p.package))}
+    try:
+        with writing.locked(target, sites, patches) if not dry_run else contextlib.nullcontext([]) as recovered:
+            result, ledgers, writes = _plan_unpatch(request, sites)
+            result.warnings[:0] = recovered
+            if dry_run:
+                result.warnings += [
+                    f"an interrupted sm120kit run left {j}: `sm120kit unpatch` finishes it first, "
+                    "so what it restores may differ"
+                    for j in transaction.pending(sites)
+                ]
+            if dry_run or any(r.is_error for r in result.rows):
+                return result
+            if writes or any(ledger.changed for ledger in ledgers.values()):
+                writing.write(ledgers, writes, "unpatch")
+    except ReadOnly:
+        result, ledgers, writes = _plan_unpatch(request, sites)
+        if writes or any(ledger.changed for ledger in ledgers.values()):
+            raise
+        return result
+    restored = [r for r in result.rows if r.outcome is RestoreOutcome.WOULD_RESTORE]
+    for row in restored:
+        row.outcome = RestoreOutcome.RESTORED
+    warnings, removed = writing.drop_jit_caches({target.find(r.package) for r in restored}, keep_jit_cache)
+    result.warnings += warnings
+    result.jit_cache_removed += removed
+    return result
+
+
+@dataclass(frozen=True)
+class _Request:
+    target: Target
+    patches: list[Patch]  # every loaded patch
+    wanted: set[str]  # the ids to take out
+    force: bool
+
+    @cached_property
+    def by_id(self) -> dict[str, Patch]:
+        return {p.id: p for p in self.patches}
+
+
+@dataclass
+class _FileRestore:
+    """What unpatch does to one ledger entry's file."""
+
+    row: Restore
+    write: transaction.FileWrite | None = None
+    forget: bool = False  # the entry goes from the ledger
+    entry: FileEntry | None = None  # or is replaced by this one (other patches re-applied)
+
+
+def _plan_unpatch(request: _Request, sites: set[Path]):
+    """(the rows, the ledgers as they will be, the file writes) of an unpatch."""
+    ledgers = {s: Ledger.load(s) for s in sorted(sites)}
+    planned = [
+        (ledger, key, _plan_restore(request, ledger, entry))
+        for ledger in ledgers.values()
+        for key, entry in ledger.files.items()
+        if set(entry.patches) & request.wanted
+    ]
+    wanted = [p for p in request.patches if p.id in request.wanted]
+    rows = [p.row for _, _, p in planned] + _unrecorded(request.target, wanted, ledgers)
+    for ledger, key, p in planned:
+        if p.forget:
+            ledger.files.pop(key, None)
+        elif p.entry is not None:
+            ledger.files[key] = p.entry
+    for ledger in ledgers.values():
+        ledger.forget_allowances(request.wanted)
+    return Unpatched(rows), ledgers, [p.write for _, _, p in planned if p.write is not None]
+
+
+def _plan_restore(request: _Request, ledger: Ledger, entry: FileEntry) -> _FileRestore:
+    ids = sorted(set(entry.patches) & request.wanted)
+    dist = request.target.find(entry.package)
+    row = Restore(entry.package, dist.version if dist else "-", entry.path, ids, RestoreOutcome.WOULD_RESTORE)
+    path = _entry_file(ledger, entry, [request.by_id[i] for i in ids], dist)
+    current = read_entry(ledger, path)
+    recorded = dist.recorded_sha256(entry.path) if dist else None
+    digest = sha256(current) if current is not None else None
+    if digest is None or digest in (recorded, entry.vendor_sha256):
+        row.outcome, row.detail = RestoreOutcome.PRISTINE, "already the vendor's bytes (reinstalled or upgraded)"
+        return _FileRestore(row, forget=True)
+    if digest != entry.patched_sha256 and not request.force:
+        row.outcome = RestoreOutcome.FOREIGN_EDIT
+        row.detail = f"{entry.path} changed since sm120kit wrote it; pass --force to restore the original anyway"
+        return _FileRestore(row)
+    original, keep, problem = _original(request, ledger, entry, ids)
+    if original is None:
+        row.outcome, row.detail = RestoreOutcome.NO_BACKUP, problem
+        return _FileRestore(row)
+    new = transform.run_rewrites(original, keep, entry.version, entry.path)[0] if keep else original
+    write = transaction.FileWrite(ledger.site, entry.package, entry.path, path, current, new)
+    if new == original:
+        row.detail = _proof(sha256(new), recorded, entry.vendor_sha256)
+        return _FileRestore(row, write, forget=True)
+    remaining = {p.id: p.revision for p, _ in keep}
+    row.detail = f"re-applied on the original: {', '.join(remaining)}"
+    return _FileRestore(row, write, entry=replace(entry, patched_sha256=sha256(new), patches=remaining))
+
+
+def _original(
+    request: _Request, ledger: Ledger, entry: FileEntry, ids: list[str]
+) -> tuple[bytes | None, list[tuple[Patch, Rewrite]], str]:
+    """(the vendor's bytes, the rewrites of the file's other patches to re-apply on them, "")
+    or (None, [], why they cannot be had)."""
+    original = ledger.backup(entry.vendor_sha256)
+    if original is None:
+        reinstall = f"pip install --force-reinstall --no-deps {entry.package}=={entry.version}"
+        return None, [], f"the backup {entry.vendor_sha256[:12]} is missing or damaged; reinstall: {reinstall}"
+    others = [i for i in entry.patches if i not in ids]
+    if unknown := [i for i in others if i not in request.by_id]:
+        return None, [], f"{entry.path} also carries {', '.join(unknown)}, which is not loaded: pass its --patch-dir"
+    keep = [
+        (request.by_id[i], r)
+        for i in others
+        for r in request.by_id[i].rewrites_to_run(entry.version)
+        if r.path == entry.path
+    ]
+    if lost := sorted(set(others) - {p.id for p, _ in keep}):
+        return (
+            None,
+            [],
+            f"{entry.path} also carries {', '.join(lost)}, which has no rewrite of it "
+            f"for {entry.package} {entry.version}: unpatch them together",
+        )
+    return original, keep, ""
+
+
+def _proof(digest: str, recorded: str | None, vendor_sha256: str) -> str:
+    """What the restored bytes were proven against."""
+    if digest == recorded:
+        return "matches the wheel's RECORD"
+    if digest == (recorded or vendor_sha256):
+        return "matches the bytes recorded before patching"
+    return "restored the pre-patch bytes (they differ from RECORD)"
+
+
+def _entry_file(ledger: Ledger, entry: FileEntry, patches: list[Patch], dist: Distribution | None) -> Path | None:
+    """Where a ledger entry's file is, only if a patch it names rewrites that file of that
+    package and the path stays inside the target (no symbolic link out): else the ledger
+    is damaged or hostile, and nothing is written."""
+    declared = {(p.package, r.path) for p in patches for r in p.rewrites}
+    if (entry.package, entry.path) not in declared:
+        raise ledger.damaged(
+            f"{entry.package}:{entry.path} is no file that {', '.join(p.id for p in patches)} rewrites"
+        )
+    if dist is None:
+        return None
+    path = dist.file(entry.path)
+    if not writing.inside(dist, path):
+        raise ledger.damaged(f"{entry.path} resolves to {path.resolve()}, outside {dist.name}'s install root")
+    return path
+
+
+def _unrecorded(target: Target, patches: list[Patch], ledgers: dict[Path, Ledger]) -> list[Restore]:
+    """Applied code with no ledger entry (the state was lost): nothing to restore from."""
+    result = planning.plan(target, patches, need_bytes=False)
+    result.ledgers.update(ledgers)
+    return unrecorded_rows(target, result)
+
+
+def unrecorded_rows(target: Target, result: Plan) -> list[Restore]:
+    """A no-backup row for each patched file of the plan that no ledger entry records."""
+    rows = []
+    for f in result.findings:
+        if f.outcome not in (Outcome.ALREADY_APPLIED, Outcome.OUTDATED) or f.path is None:
+            continue
+        dist = target.find(f.patch.package)
+        ledger = result.ledgers.get(dist.site) or Ledger(dist.site)
+        if dist.key(f.path) in ledger.files:
+            continue
+        reinstall = f"pip install --force-reinstall --no-deps {dist.name}=={dist.version}"
+        detail = (
+            f"{f.path}: patched code without a ledger entry, so `unpatch` cannot restore it; reinstall: {reinstall}"
+        )
+        rows.append(Restore(dist.name, dist.version, f.path, [f.patch.id], RestoreOutcome.NO_BACKUP, detail))
+    return rows

@@ -1,0 +1,136 @@
+"""The pure step: run a file's rewrites over its bytes and judge what each one did.
+
+Bytes in, bytes and findings out; no I/O, no ledger. A file that changes is self-checked
+(second pass changes nothing, the marker is present, it compiles): a patch that fails
+that is `failed`, whatever its transform said.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sm120kit.patching.spec import (
+    AlreadyApplied,
+    AnchorMissing,
+    FixedUpstream,
+    Outcome,
+    Patch,
+    Rewrite,
+    Rewritten,
+    TransformResult,
+    marker_revisions,
+)
+
+
+@dataclass
+class Finding:
+    """What one patch is on one file (or, without a path, on the whole package)."""
+
+    patch: Patch
+    outcome: Outcome
+    detail: str = ""
+    version: str | None = None
+    path: str | None = None
+    fixed_in: str | None = None  # the upstream release that fixed this part, if any
+    unproven: str = ""  # past the proven window: "unproven on sglang 0.5.24 (proven 0.5.9–0.5.23)"
+    allowed: bool = False  # an anchor-missing the user accepted (--allow-missing, recorded)
+    stuck: bool = False  # outdated, and `patch` cannot rebuild it (the detail says why)
+    hint: str = ""  # for an error: what to do next
+
+    @property
+    def is_error(self) -> bool:
+        return (self.outcome.is_error and not self.allowed) or self.stuck
+
+    def as_json(self) -> dict:
+        return {
+            "patch": self.patch.id,
+            "package": self.patch.package,
+            "version": self.version,
+            "path": self.path,
+            "outcome": self.outcome.value,
+            "detail": self.detail,
+            "fixed_in": self.fixed_in,
+            "proven": not self.unproven,
+            "proven_window": self.patch.window,
+            "unproven": self.unproven or None,
+            "allowed": self.allowed,
+            "error": self.is_error,
+            "hint": self.hint or None,
+        }
+
+
+def run_rewrites(
+    source: bytes, items: list[tuple[Patch, Rewrite]], version: str, relpath: str
+) -> tuple[bytes, list[Finding]]:
+    """Run each (patch, rewrite) of one file, in order, each on the code the previous one
+    left; return the new bytes and one finding per item (would-apply, already-applied,
+    fixed-upstream, anchor-missing or failed). `version` is the installed release and
+    `relpath` the file's path in the package: both only label the findings. A transform
+    that raises or misbehaves is reported as failed, never raised."""
+    import libcst as cst
+
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        reason = f"{relpath} does not parse ({str(exc).splitlines()[0]})"
+        return source, [_finding(p, r, Outcome.ANCHOR_MISSING, reason, version, relpath) for p, r in items]
+
+    findings = []
+    for patch, rewrite in items:
+        try:
+            result = rewrite.transform(module, patch.context())
+        except Exception as exc:  # a patch bug must not take the run down: report it
+            import traceback
+
+            detail = f"transform raised {exc!r}\n{traceback.format_exc()}"
+            findings.append(_finding(patch, rewrite, Outcome.FAILED, detail, version, relpath))
+            continue
+        if isinstance(result, Rewritten):
+            module = result.module
+        outcome, detail = _judge(result, patch.fixed_in_for(rewrite))
+        findings.append(_finding(patch, rewrite, outcome, detail, version, relpath))
+    after = module.bytes
+    if after != source:
+        _self_check(after, items, findings, relpath)
+    return after, findings
+
+
+def _finding(patch: Patch, rewrite: Rewrite, outcome: Outcome, detail: str, version: str, relpath: str) -> Finding:
+    return Finding(patch, outcome, detail, version, relpath, patch.fixed_in_for(rewrite))
+
+
+def _judge(result: TransformResult, fixed_in: str | None) -> tuple[Outcome, str]:
+    """A transform's result value as (outcome, detail)."""
+    if isinstance(result, Rewritten):
+        return Outcome.WOULD_APPLY, ""
+    if isinstance(result, AlreadyApplied):
+        return Outcome.ALREADY_APPLIED, ""
+    if isinstance(result, FixedUpstream):
+        return Outcome.FIXED_UPSTREAM, f"fixed upstream in {fixed_in}: {result.reason}" if fixed_in else result.reason
+    if isinstance(result, AnchorMissing):
+        return Outcome.ANCHOR_MISSING, result.reason
+    return Outcome.FAILED, f"transform returned {result!r}"
+
+
+def _self_check(after: bytes, items: list[tuple[Patch, Rewrite]], findings: list[Finding], relpath: str) -> None:
+    """Black's assert_stable, for patches: the result parses, compiles, carries each
+    marker, and a second pass of every transform that rewrote it changes nothing. A
+    would-apply that fails this becomes failed (the findings are judged in place)."""
+    import libcst as cst
+
+    text = after.decode("utf-8", "replace")
+    try:
+        compile(after, relpath, "exec", dont_inherit=True)
+        module = cst.parse_module(after)
+    except (SyntaxError, ValueError, cst.ParserSyntaxError) as exc:
+        for f in findings:
+            if f.outcome is Outcome.WOULD_APPLY:
+                f.outcome, f.detail = Outcome.FAILED, f"the rewritten file does not compile: {exc}"
+        return
+    for (patch, rewrite), f in zip(items, findings):
+        if f.outcome is not Outcome.WOULD_APPLY:
+            continue
+        if patch.revision not in marker_revisions(text, patch.id):
+            f.outcome, f.detail = Outcome.FAILED, "the transform did not leave its marker comment"
+        elif not isinstance(rewrite.transform(module, patch.context()), AlreadyApplied):
+            f.outcome, f.detail = Outcome.FAILED, "unstable: a second pass would change the code again"

@@ -1,0 +1,226 @@
+"""What each patch is on one target file, judged from its bytes, the ledger and RECORD.
+
+The transforms (or the outcome cache, for bytes it has seen) give the first verdict; then
+it is qualified: a file that carries another revision of a patch is outdated and rebuilt
+from the vendor's bytes, a file someone else edited is a foreign edit, and past the proven
+window every verdict is unproven. Reads backups and the cache; writes only the cache.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from functools import cached_property
+
+from sm120kit.patching import cache as outcome_cache
+from sm120kit.patching import transform
+from sm120kit.patching.ledger import FileEntry, Ledger, sha256
+from sm120kit.patching.spec import Outcome, Patch, Rewrite, marker_revisions
+from sm120kit.patching.transform import Finding
+from sm120kit.target import Distribution
+
+Items = list[tuple[Patch, Rewrite]]  # the rewrites of one file, in the order they run
+
+WILL_REBUILD = ": `sm120kit patch` rebuilds it from the vendor's bytes"
+
+
+class FileState(str, enum.Enum):
+    """Whose bytes a target file holds."""
+
+    PRISTINE = "pristine"  # the vendor's
+    OURS = "ours"  # what sm120kit last wrote
+    FOREIGN = "foreign"  # neither
+
+
+@dataclass(frozen=True)
+class TargetFile:
+    """One target file as planning found it."""
+
+    dist: Distribution
+    ledger: Ledger
+    relpath: str
+    before: bytes
+    entry: FileEntry | None  # its ledger entry
+
+    @cached_property
+    def digest(self) -> str:
+        return sha256(self.before)
+
+    @cached_property
+    def state(self) -> FileState:
+        if self.entry and self.digest == self.entry.patched_sha256:
+            return FileState.OURS
+        recorded = self.dist.recorded_sha256(self.relpath)
+        if recorded is not None:
+            return FileState.PRISTINE if self.digest == recorded else FileState.FOREIGN
+        # No RECORD hash (editable source tree): the bytes we first saw are the baseline.
+        return (
+            FileState.PRISTINE if self.entry is None or self.digest == self.entry.vendor_sha256 else FileState.FOREIGN
+        )
+
+
+# -- the first verdict: the transforms, or the cache ---------------------------------------
+
+
+def _cache_key(patch: Patch, rewrite: Rewrite, version: str, digest: str) -> str:
+    return outcome_cache.key(patch.id, str(patch.revision), patch.source_sha256, rewrite.path, version, digest)
+
+
+def cached_verdicts(
+    file: TargetFile, items: Items, cache: bool, need_bytes: bool
+) -> tuple[bytes | None, list[Finding]]:
+    """(new bytes or None when not needed, findings): from the cache when it has every
+    verdict and no new bytes are needed, else from the transforms (and then cached)."""
+    version, relpath, digest = file.dist.version, file.relpath, file.digest
+    keys = [_cache_key(p, r, version, digest) for p, r in items]
+    if cache:
+        hits = [outcome_cache.get(k) for k in keys]
+        if all(hits) and not (need_bytes and any(h["outcome"] == Outcome.WOULD_APPLY.value for h in hits)):
+            return None, [
+                Finding(p, Outcome(h["outcome"]), h["detail"], version, relpath, p.fixed_in_for(r))
+                for (p, r), h in zip(items, hits)
+            ]
+    after, findings = transform.run_rewrites(file.before, items, version, relpath)
+    after_digest = sha256(after)
+    for (p, r), k, f in zip(items, keys, findings):
+        if f.outcome is not Outcome.FAILED:  # a failure may be an environment accident; retry it
+            outcome_cache.put(k, {"outcome": f.outcome.value, "detail": f.detail})
+        if f.outcome is Outcome.WOULD_APPLY:  # the self-check proved it on the new bytes
+            already = {"outcome": Outcome.ALREADY_APPLIED.value, "detail": ""}
+            outcome_cache.put(_cache_key(p, r, version, after_digest), already)
+    return after, findings
+
+
+# -- outdated revisions --------------------------------------------------------------------
+
+
+def other_revisions(source: bytes, items: Items) -> dict[str, set[int]]:
+    """Patch id -> the revisions other than its current one whose markers the file carries."""
+    text = source.decode("utf-8", "replace")
+    found = {p.id: marker_revisions(text, p.id) - {p.revision} for p, _ in items}
+    return {pid: revs for pid, revs in found.items() if revs}
+
+
+def rebuild(file: TargetFile, items: Items, older: dict[str, set[int]], need_bytes: bool):
+    """A file that carries another revision of a patch. That patch is outdated (never judged
+    by its transform, which would mistake the old revision's code for upstream's); the new
+    bytes are the current transforms run on the vendor's bytes (the backup), never on top
+    of the old code. (new bytes or None, findings in the order of `items`)"""
+    findings = _outdated(file, items, older)
+    outdated = [f for f in findings if f.outcome is Outcome.OUTDATED]
+    vendor, problem, hint = _vendor_bytes(file, items)
+    if problem:
+        for f in outdated:
+            f.detail, f.stuck, f.hint = f"{f.detail}, and cannot be rebuilt: {problem}", True, hint
+        return None, findings
+    for f in outdated:
+        f.detail += WILL_REBUILD
+    if not need_bytes:
+        return None, findings
+    after, rebuilt = transform.run_rewrites(vendor, items, file.dist.version, file.relpath)
+    for i, f in enumerate(rebuilt):  # the current revision must apply to the vendor's bytes
+        if f.outcome.is_error or (findings[i].outcome is Outcome.OUTDATED and f.outcome is not Outcome.WOULD_APPLY):
+            findings[i] = f
+    return after, findings
+
+
+def _outdated(file: TargetFile, items: Items, older: dict[str, set[int]]) -> list[Finding]:
+    """The transforms' verdicts for the patches at their current revision, and outdated
+    for the others, in the order of `items`."""
+    version, relpath = file.dist.version, file.relpath
+    current = [item for item in items if item[0].id not in older]
+    _, judged = transform.run_rewrites(file.before, current, version, relpath) if current else (None, [])
+    verdicts = dict(zip(map(id, current), judged))
+    findings = []
+    for item in items:
+        patch, rewrite = item
+        if patch.id not in older:
+            findings.append(verdicts[id(item)])
+            continue
+        revs = ", ".join(f"r{r}" for r in sorted(older[patch.id]))
+        detail = f"carries {revs} of this patch; this sm120kit has r{patch.revision}"
+        findings.append(Finding(patch, Outcome.OUTDATED, detail, version, relpath, patch.fixed_in_for(rewrite)))
+    return findings
+
+
+def _vendor_bytes(file: TargetFile, items: Items) -> tuple[bytes | None, str, str]:
+    """(the vendor's bytes to rebuild from, "", "") or (None, why they cannot be had, what to do)."""
+    dist, entry = file.dist, file.entry
+    reinstall = f"pip install --force-reinstall --no-deps {dist.name}=={dist.version}, then sm120kit patch"
+    ours = file.state is FileState.OURS
+    vendor = file.ledger.backup(entry.vendor_sha256) if entry and ours else None
+    if entry is None:
+        return None, "no ledger entry for this file (the state was lost), so the vendor's bytes are gone", reinstall
+    if not ours:
+        return None, f"{file.relpath} changed since sm120kit wrote it", reinstall
+    if unknown := sorted(set(entry.patches) - {p.id for p, _ in items}):
+        return (
+            None,
+            f"it also carries {', '.join(unknown)}, which this run does not load",
+            "run without --only, or pass the --patch-dir that has it",
+        )
+    if vendor is None:
+        return None, f"the backup {entry.vendor_sha256[:12]} of the vendor's bytes is missing or damaged", reinstall
+    return vendor, "", ""
+
+
+# -- qualifying the verdicts ---------------------------------------------------------------
+
+
+def qualify(findings: list[Finding], dist: Distribution, allowed: dict[str, str]) -> list[Finding]:
+    """Past the proven window every outcome of a transform is unproven, and an anchor that
+    moved may mean the bug was fixed or that the code changed around it: say so and what
+    to do. An anchor-missing the user accepted (patch id -> how) is allowed, not an error.
+    Qualifies the findings in place and returns them."""
+    for f in findings:
+        past = f.patch.is_past_window(dist.version)
+        if past:
+            f.unproven = f"unproven on {dist.name} {dist.version} (proven {f.patch.window})"
+        if f.outcome is not Outcome.ANCHOR_MISSING:
+            continue
+        go_on = f"to go on without this patch: --allow-missing {f.patch.id}"
+        if past:
+            f.detail = f"{f.unproven}: {f.detail}; the bug may or may not be fixed in this release"
+            f.hint = f"{_pin(f.patch, dist)}, or check upstream's change to {f.path}{_refs(f.patch)}; {go_on}"
+        else:
+            reinstall = f"pip install --force-reinstall --no-deps {dist.name}=={dist.version}"
+            f.hint = f"reinstall {dist.name} {dist.version} ({reinstall}); {go_on}"
+        if f.patch.id in allowed:
+            f.allowed = True
+            f.detail += f" (allowed: {allowed[f.patch.id]})"
+    return findings
+
+
+def _pin(patch: Patch, dist: Distribution) -> str:
+    if patch.last_proven:
+        return f"pin the last proven release (pip install '{dist.name}=={patch.last_proven}')"
+    return f"pin a release it was proven on ({patch.window})"
+
+
+def _refs(patch: Patch) -> str:
+    return f" ({', '.join(patch.refs)})" if patch.refs else ""
+
+
+def judge_foreign(findings: list[Finding], file: TargetFile, force: bool) -> None:
+    """A file that matches neither RECORD nor our last write: a would-apply there is a
+    foreign edit (unless --force), an already-applied says what happened. In place."""
+    would_change = [f for f in findings if f.outcome is Outcome.WOULD_APPLY]
+    if not would_change:
+        note = (
+            "marker found, but no ledger entry: the state was lost, so `unpatch` needs a reinstall"
+            if file.entry is None
+            else f"{file.relpath} was edited outside sm120kit after it was patched"
+        )
+        for f in findings:
+            if f.outcome is Outcome.ALREADY_APPLIED:
+                f.detail = note
+        return
+    for f in would_change:
+        if force:
+            f.detail = "over a foreign edit (--force): unpatch restores the edited bytes"
+        else:
+            f.outcome = Outcome.FOREIGN_EDIT
+            f.detail = (
+                f"{file.relpath} matches neither the wheel's RECORD nor sm120kit's last write: "
+                "someone else edited it; reinstall the package or pass --force"
+            )

@@ -1,0 +1,90 @@
+"""Around every run that writes (`patch`, `unpatch`): the lock of each site and the
+recovery of a killed run under it, the refusal of read-only files, the commit through
+transaction.py, and what new sources make stale (bytecode, JIT caches).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from sm120kit.errors import UserError
+from sm120kit.patching import jit_cache, transaction
+from sm120kit.patching.ledger import Ledger
+from sm120kit.patching.spec import Patch
+from sm120kit.target import Distribution, Target
+
+
+@contextlib.contextmanager
+def locked(target: Target, sites: set[Path], patches: list[Patch]) -> Iterator[list[str]]:
+    """The lock of every site, and first of all: finish what a killed run left there.
+    Yields what the recovery did."""
+    declared = {(p.package, r.path) for p in patches for r in p.rewrites}
+    with contextlib.ExitStack() as stack:
+        recovered: list[str] = []
+        for site in sorted(sites):
+            stack.enter_context(Ledger(site).locked())
+            recovered += transaction.recover(
+                site, lambda package, relpath: _resolve(target, declared, package, relpath)
+            )
+        yield recovered
+
+
+def _resolve(target: Target, declared: set[tuple[str, str]], package: str, relpath: str) -> Path | None:
+    """A journal's file: only one a loaded patch rewrites, inside the target."""
+    dist = target.find(package)
+    if (package, relpath) not in declared or dist is None:
+        return None
+    path = dist.file(relpath)
+    return path if inside(dist, path) else None
+
+
+def inside(dist: Distribution, path: Path) -> bool:
+    """Whether `path` stays inside the package's install root (no symbolic link out)."""
+    root = (dist.editable_root or dist.site).resolve()
+    return path.parent.resolve().is_relative_to(root)
+
+
+def write(ledgers: dict[Path, Ledger], writes: list[transaction.FileWrite], op: str) -> None:
+    """Every file and ledger as one crash-safe transaction; then the stale bytecode goes."""
+    _check_writable([w.path for w in writes])
+    transaction.commit(ledgers, writes, op)
+    for w in writes:
+        _clear_pycache(w.path)
+
+
+def _check_writable(paths: list[Path]) -> None:
+    """Refuse before writing anything. A file without write bits was made read-only on
+    purpose (an image layer, a pinned install): honour that even when running as root."""
+    blocked = [p for p in paths if not (p.stat().st_mode & 0o222) or not os.access(p.parent, os.W_OK)]
+    if blocked:
+        listing = ", ".join(f"{p} (mode {p.stat().st_mode & 0o777:04o})" for p in blocked)
+        raise UserError(
+            f"read-only: {listing}; nothing was changed",
+            "make the files writable (chmod u+w) or patch where the environment is built",
+        )
+
+
+def _clear_pycache(path: Path) -> None:
+    cache = path.parent / "__pycache__"
+    for pyc in cache.glob(f"{path.stem}.*.pyc"):
+        with contextlib.suppress(OSError):
+            pyc.unlink()
+
+
+def drop_jit_caches(dists: Iterable[Distribution], keep_jit_cache: bool) -> tuple[list[str], list[Path]]:
+    """After the sources of `dists` changed: remove the JIT caches built from the old
+    ones, or with --keep-jit-cache say that they were kept. (warnings, removed)"""
+    warnings: list[str] = []
+    removed: list[Path] = []
+    for dist in sorted(dists, key=lambda d: d.name):
+        if keep_jit_cache:
+            warnings += [
+                f"{dist.name}: kept the JIT cache {d} (--keep-jit-cache): it was built from the old sources"
+                for d in jit_cache.cache_dirs(dist)
+            ]
+        else:
+            removed += jit_cache.remove(dist)
+    return warnings, removed
