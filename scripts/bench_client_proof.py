@@ -29,10 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+from sm120kit import wheels
 
-import fetch_wheels  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 MAKE_TOKENIZER = """
 import sys
@@ -82,7 +81,7 @@ def main() -> int:
 def prove(args: argparse.Namespace, work: Path) -> int:
     """Install, start the stand-in, sweep, compare; everything it writes is under `work`."""
     site = work / "site-packages"
-    fetch_wheels.install(site, "sglang", args.version)
+    wheels.install(site, "sglang", args.version)
     path = [str(site)]
     if subprocess.run([args.client_python, "-c", "import torchvision"], capture_output=True).returncode != 0:
         # sglang's import chain names torchvision (srt/multimodal/internvl_utils.py, for a VL

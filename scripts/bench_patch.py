@@ -22,8 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fetch_wheels
+from sm120kit import wheels
 
 CLI = [sys.executable, "-m", "sm120kit"]
 
@@ -53,8 +52,8 @@ def main() -> int:
     runs = parser.parse_args().runs
     with tempfile.TemporaryDirectory() as tmp:
         site23, site10 = Path(tmp) / "site23", Path(tmp) / "site10"
-        fetch_wheels.install(site23, "sglang", "0.5.23")
-        fetch_wheels.install(site10, "sglang", "0.5.10")
+        wheels.install(site23, "sglang", "0.5.23")
+        wheels.install(site10, "sglang", "0.5.10")
         unpatch = lambda: subprocess.run([*CLI, "unpatch", "--site", str(site10)], capture_output=True, check=True)  # noqa: E731
         rows = [
             ("python -c 'import sm120kit' (baseline)", median(runs, [sys.executable, "-c", "import sm120kit"])),

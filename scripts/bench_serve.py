@@ -32,6 +32,8 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "scripts")]
 import psutil  # noqa: E402
 from standin import Served, make_env_python  # noqa: E402
 
+from sm120kit.serve.status import EventKind  # noqa: E402
+
 VERSION = "0.5.23"
 
 
@@ -47,7 +49,7 @@ def death_to_notice(tmp: Path, python: Path, runs: int) -> list[float]:
     )
     s.run(timeout=120)
     died = [float(line.split()[1]) for line in stamps.read_text().splitlines() if line.startswith("died ")]
-    noticed = [e["noticed_at"] for e in s.events("died")]
+    noticed = [e["noticed_at"] for e in s.events(EventKind.DIED)]
     return [n - d for d, n in zip(died, noticed)]
 
 
@@ -56,7 +58,7 @@ def stop_tree(tmp: Path, python: Path, runs: int) -> tuple[list[float], list[flo
     for i in range(runs):
         s = Served(tmp / f"stop{i}", python, {"load_s": 0.2}, ["parallel.tp=8", "node.gpus=8"], ["--quiet"], {}).start()
         try:
-            s.wait("ready")
+            s.wait(EventKind.READY)
             tree = s.ours()
             size = len(tree)
             sent = time.monotonic()
@@ -65,7 +67,7 @@ def stop_tree(tmp: Path, python: Path, runs: int) -> tuple[list[float], list[flo
             outside.append(time.monotonic() - sent)
             assert len(gone) == size, "a process outlived the stop"
             s.proc.wait(30)
-            inside.append(s.wait("stopped")["seconds"])
+            inside.append(s.wait(EventKind.STOPPED)["seconds"])
         finally:
             s.cleanup()
     return outside, inside, size
@@ -74,7 +76,7 @@ def stop_tree(tmp: Path, python: Path, runs: int) -> tuple[list[float], list[flo
 def idle_cpu(tmp: Path, python: Path, seconds: float) -> float:
     s = Served(tmp / "idle", python, {"load_s": 0.2}, ["health.probe_interval_s=10"], [], {}).start()
     try:
-        s.wait("ready")
+        s.wait(EventKind.READY)
         time.sleep(2)  # past the first probes
         proc = psutil.Process(s.proc.pid)
         before, began = proc.cpu_times(), time.monotonic()

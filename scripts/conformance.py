@@ -37,12 +37,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import fetch_wheels
 from packaging.version import InvalidVersion, Version
 
-from sm120kit import __version__
+from sm120kit import __version__, wheels
 from sm120kit.cli import main as sm120kit
 from sm120kit.patching.registry import load_patches
 from sm120kit.profiles.loader import list_profiles, load_profile
@@ -144,8 +141,8 @@ def check_release(release: Release, site: Path, profiles: list[str]) -> None:
 
 def install(release: Release, site: Path, members: list[str] | None) -> None:
     if release.flashinfer:
-        fetch_wheels.install(site, "flashinfer-python", release.flashinfer, members)
-    fetch_wheels.install(site, "sglang", release.sglang, members)
+        wheels.install(site, "flashinfer-python", release.flashinfer, members)
+    wheels.install(site, "sglang", release.sglang, members)
 
 
 def report(releases: list[Release], patch_ids: list[str], profiles: list[str]) -> str:
@@ -190,13 +187,13 @@ def report(releases: list[Release], patch_ids: list[str], profiles: list[str]) -
 
 def resolve_releases(args) -> list[str]:
     if args.window:
-        return list(fetch_wheels.SGLANG_WINDOW)
+        return list(wheels.SGLANG_WINDOW)
     for text in args.releases:
         try:
             Version(text)
         except InvalidVersion:
-            raise fetch_wheels.FetchError(f"{text!r} is not a release number (e.g. 0.5.23)") from None
-    return args.releases or [fetch_wheels.latest("sglang")]
+            raise wheels.FetchError(f"{text!r} is not a release number (e.g. 0.5.23)") from None
+    return args.releases or [wheels.latest("sglang")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     # A base profile (no model: a node to extend) is not served on its own.
     profiles = [name for name, _, _ in list_profiles(None) if load_profile(name).model.path]
     members = (
-        sorted({r.path for p in load_patches() for r in p.rewrites}) + fetch_wheels.SCHEMA_SOURCES
+        sorted({r.path for p in load_patches() for r in p.rewrites}) + wheels.SCHEMA_SOURCES
         if args.patched_files_only
         else SOURCES
     )
@@ -230,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     releases: list[Release] = []
     try:
         for version in resolve_releases(args):
-            release = Release(version, fetch_wheels.flashinfer_pin(version))
+            release = Release(version, wheels.flashinfer_pin(version))
             site = scratch / version / "site-packages"
             install(release, site, members)
             check_release(release, site, profiles)
@@ -239,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"sglang {version} (flashinfer {release.flashinfer}): "
                 + ("ok" if not release.failures else f"{len(release.failures)} problem(s)")
             )
-    except fetch_wheels.FetchError as exc:
+    except wheels.FetchError as exc:
         print(f"conformance: error: {exc}", file=sys.stderr)
         return 2
     finally:

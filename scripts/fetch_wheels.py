@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fetch real release wheels from PyPI (cached) and unpack them into site directories:
 a thin command line over sm120kit.wheels (the proven window, the cache, the install as
-pip does it), which the tests import as `fetch_wheels`.
+pip does it), which the tests and the other scripts import directly.
 
     python scripts/fetch_wheels.py sglang 0.5.10 --site ./site       # the whole wheel
     python scripts/fetch_wheels.py sglang --window                    # prefetch 0.5.9-0.5.23
@@ -15,39 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from sm120kit.wheels import (
-    PLATFORM,
-    SCHEMA_SOURCES,
-    SGLANG_WINDOW,
-    FetchError,
-    cache_dir,
-    cached,
-    fetch,
-    flashinfer_pin,
-    install,
-    latest,
-    read_member,
-    recorded_sha256,
-    uninstall,
-    unpack,
-)
-
-__all__ = [  # what the tests and the other scripts use as fetch_wheels.NAME
-    "PLATFORM",
-    "SCHEMA_SOURCES",
-    "SGLANG_WINDOW",
-    "FetchError",
-    "cache_dir",
-    "cached",
-    "fetch",
-    "flashinfer_pin",
-    "install",
-    "latest",
-    "read_member",
-    "recorded_sha256",
-    "uninstall",
-    "unpack",
-]
+from sm120kit.errors import UserError
+from sm120kit.wheels import SGLANG_WINDOW, FetchError, fetch, install
 
 
 def main() -> int:
@@ -70,7 +39,7 @@ def main() -> int:
             if args.site:
                 dist_info = install(args.site, args.package, version, args.member)
                 print(f"installed {dist_info.name} into {args.site}")
-    except FetchError as exc:
+    except (FetchError, UserError) as exc:  # offline, no such release; a wheel cache that cannot be made
         print(f"fetch_wheels: error: {exc}", file=sys.stderr)
         return 2
     return 0

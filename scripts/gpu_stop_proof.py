@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from sm120kit.serve.status import EventKind
+
 HERE = str(Path(__file__).resolve())
 MIB = 1 << 20
 
@@ -72,8 +74,9 @@ def tree(port: int, holders: int, gib: float) -> None:
 
 
 def supervise(state: str, port: int, holders: int, gib: float) -> int:
+    from sm120kit.serve.machine import Policy, ServerSpec
     from sm120kit.serve.rundir import RunRecord
-    from sm120kit.serve.supervisor import Policy, ServerSpec, Supervisor
+    from sm120kit.serve.supervisor import Supervisor
 
     argv = [sys.executable, HERE, "--tree", str(port), str(holders), str(gib)]
     server = ServerSpec(
@@ -128,7 +131,7 @@ def main() -> int:
         [sys.executable, HERE, "--supervise", str(state), str(args.port), str(args.holders), str(args.gib)],
         stdout=sys.stderr,
     )
-    while not any(e["event"] == "ready" for e in events(state)):
+    while not any(e["event"] == EventKind.READY for e in events(state)):
         if sup.poll() is not None or time.monotonic() - began > 300:
             print("the tree never became ready:", events(state), file=sys.stderr)
             return 2
@@ -149,7 +152,7 @@ def main() -> int:
             released_s = time.monotonic() - sent
             break
         time.sleep(0.1)
-    stopped = next(e for e in events(state) if e["event"] == "stopped")
+    stopped = next(e for e in events(state) if e["event"] == EventKind.STOPPED)
     on_gpu_during = sorted(pid for g in during for pid in g["processes"] if pid in tree_pids)
     on_gpu_after = sorted(pid for g in after for pid in g["processes"] if pid in tree_pids)
     import psutil

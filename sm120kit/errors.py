@@ -24,3 +24,10 @@ def problems(exc: Exception, limit: int = 3) -> str:
         return str(exc)
     found = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the document'}: {e['msg']}" for e in errors[:limit])
     return found + (f"; and {len(errors) - limit} more" if len(errors) > limit else "")
+
+
+def internal_error(exc: Exception) -> str:
+    """What a bug says instead of its traceback (that one is for --debug)."""
+    return (
+        f"sm120kit: internal error: {type(exc).__name__}: {exc}\n  rerun with --debug for the traceback and report it"
+    )

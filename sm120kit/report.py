@@ -6,7 +6,6 @@ plan's findings and the patches the ledger says were lost)."""
 
 from __future__ import annotations
 
-import enum
 import json
 import shutil
 import sys
@@ -120,13 +119,14 @@ def emit_json(doc: dict) -> None:
     sys.stdout.write("\n")
 
 
+def print_warnings(warnings: Iterable[str]) -> None:
+    """The renderer's warnings about a profile, one `warning:` line each on stderr."""
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+
+
 def _first_line(text: str, debug: bool) -> str:
     return text if debug else text.splitlines()[0] if text else ""
-
-
-def _plain(value) -> str:
-    """An outcome as its word, whether the engine hands over the enum or its value."""
-    return value.value if isinstance(value, enum.Enum) else str(value)
 
 
 # -- release ranges --------------------------------------------------------------------
@@ -366,11 +366,11 @@ def restore_table(rows: list[Restore], width: int | None = None) -> str:
     if width is None:
         return table(
             ["FILE", "PACKAGE", "VERSION", "PATCHES", "OUTCOME", "DETAIL"],
-            [[r.path, r.package, r.version, ",".join(r.patch_ids), _plain(r.outcome), r.detail] for r in rows],
+            [[r.path, r.package, r.version, ",".join(r.patch_ids), r.outcome.value, r.detail] for r in rows],
         )
     return table(
         ["PATCHES", "PACKAGE", "VERSION", "OUTCOME"],
-        [[", ".join(r.patch_ids), r.package, r.version, _plain(r.outcome)] for r in rows],
+        [[", ".join(r.patch_ids), r.package, r.version, r.outcome.value] for r in rows],
         width,
         narrow=(0,),
         notes=[": ".join(x for x in (r.path, r.detail) if x) for r in rows],
@@ -381,9 +381,13 @@ def restore_table(rows: list[Restore], width: int | None = None) -> str:
 
 
 def _ago(then: float | None) -> str:
+    """How long ago, at a glance ("45s ago", "12m ago"); from 2 hours on, the date and time."""
     from sm120kit.serve.clock import age
 
-    return f"{age(time.time() - then)} ago" if then else "-"
+    if not then:
+        return "-"
+    seconds = time.time() - then
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(then)) if seconds >= 7200 else f"{age(seconds)} ago"
 
 
 def ps_row(run: dict) -> list[str]:

@@ -44,6 +44,11 @@ def _record_hex(digest: str) -> str | None:
     return raw.hex() if len(raw) == 32 else None
 
 
+def reinstall_command(name: str, version: str) -> str:
+    """The pip command that puts a package's own files back (the hint wherever they are gone)."""
+    return f"pip install --force-reinstall --no-deps {name}=={version}"
+
+
 @dataclass(frozen=True)
 class Distribution:
     name: str  # canonical name, e.g. "sglang", "flashinfer-python"

@@ -246,6 +246,12 @@ def _trim(text: str, width: int) -> list[str]:
     return shown
 
 
+def _stderr(err: str, known: str = "") -> str:
+    """The last lines a command wrote to stderr (those not repeating `known`), to add to a problem."""
+    lines = [line.strip() for line in err.splitlines() if line.strip() and not (known and known in line)]
+    return f"; stderr: {' | '.join(lines[-3:])}" if lines else ""
+
+
 class _Runner:
     """Runs the steps: each command in-process, its output echoed (indented, trimmed)."""
 
@@ -259,7 +265,8 @@ class _Runner:
             for line in _trim(output, self.width):
                 self.echo(f"    {line}")
 
-    def cli(self, *argv: str, as_json: bool = False) -> tuple[int, str]:
+    def cli(self, *argv: str, as_json: bool = False) -> tuple[int, str, str]:
+        """(exit code, stdout, stderr); without as_json, stderr is in stdout as on a terminal."""
         from sm120kit.cli import main
 
         argv = (*argv, "--site", str(self.site), *(["--json"] if as_json else []), *(["--debug"] if self.debug else []))
@@ -268,22 +275,28 @@ class _Runner:
             code = main(list(argv))
         if code == ExitCode.INTERRUPTED:
             raise Interrupted
-        return code, out.getvalue()
+        return code, out.getvalue(), err.getvalue()
 
     def command(self, step: Step, *argv: str) -> tuple[int, str]:
         """The step's command as a user runs it (echoed); its exit code is the step's."""
-        code, text = self.cli(*argv)
+        code, text, _ = self.cli(*argv)
         step.exit_code = code
         self.show(step.command, text)
         return code, text
 
     def doc(self, *argv: str) -> dict:
-        """A read-only command's JSON document: the facts a step is checked on."""
-        code, text = self.cli(*argv, as_json=True)
+        """A read-only command's JSON document: the facts a step is checked on. A command that
+        printed none, or answered with an error document, fails the step with what it said."""
+        code, text, err = self.cli(*argv, as_json=True)
+        shown = f"`sm120kit {' '.join(argv)} --json`"
         try:
-            return json.loads(text)
+            document = json.loads(text)
         except ValueError:
-            raise Unexpected(f"`sm120kit {' '.join(argv)} --json` printed no JSON document (exit {code})") from None
+            raise Unexpected(f"{shown} printed no JSON document (exit {code})" + _stderr(err)) from None
+        if isinstance(document, dict) and "error" in document:
+            error = document["error"]
+            raise Unexpected(f"{shown} answered with an error (exit {code}): {error}" + _stderr(err, error))
+        return document
 
     def rows(self) -> dict[tuple[str, str], dict]:
         """(patch, path) -> `status`'s row for it."""
@@ -482,6 +495,26 @@ def _run_steps(runner: _Runner) -> None:
             return
 
 
+def _make_scratch(parent: Path | None) -> Path:
+    """The scratch directory with its empty site-packages, in `parent` (--dir) or the
+    system's temp dir. One that cannot be made there is a UserError naming the path."""
+    if parent is not None and not parent.is_dir():
+        raise UserError(f"--dir {parent}: not a directory", "give a directory that exists, or leave --dir out")
+    scratch = None
+    try:
+        scratch = Path(tempfile.mkdtemp(prefix="sm120kit-try-", dir=parent))
+        (scratch / "site-packages").mkdir()
+        return scratch
+    except OSError as exc:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        where = f"--dir {parent}" if parent is not None else "the system's temp dir ($TMPDIR)"
+        raise UserError(
+            f"cannot make the scratch directory in {where}: {exc.strerror or exc}",
+            "give --dir a directory you can write to" if parent is not None else "set $TMPDIR, or give --dir",
+        ) from None
+
+
 def run(
     release: str | None = None,
     parent: Path | None = None,
@@ -491,17 +524,19 @@ def run(
     debug: bool = False,
 ) -> Cycle:
     """The cycle, ending on `release` (default: the newest proven). `echo` gets the
-    transcript line by line (None: silent), `note` the download progress. Bad input and a
-    wheel that cannot be fetched are UserErrors, raised before anything is made on disk."""
+    transcript line by line (None: silent), `note` the download progress. Bad input (the
+    release, a --dir that is missing or not writable) is a UserError raised before any
+    download; so is a wheel that cannot be fetched, which leaves nothing behind on disk."""
     started = time.monotonic()
     old, new = resolve_release(release)
-    if parent is not None and not parent.is_dir():
-        raise UserError(f"--dir {parent}: not a directory", "give a directory that exists, or leave --dir out")
-    before, after, fetched = fetch_release_wheels(old, new, note)
+    scratch = _make_scratch(parent)
+    try:
+        before, after, fetched = fetch_release_wheels(old, new, note)
+    except BaseException:  # no wheels (or Ctrl-C during a download): no scratch dir left behind
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     cycle = Cycle(before, after, fetched)
-    scratch = Path(tempfile.mkdtemp(prefix="sm120kit-try-", dir=parent))
     site = scratch / "site-packages"
-    site.mkdir()
     if echo:
         _echo_header(echo, cycle, site)
     try:

@@ -83,6 +83,8 @@ class FetchError(Exception):
 
 
 def cache_dir() -> Path:
+    """The wheel cache, made if missing. One that cannot be made (a file there, no write
+    permission) is a UserError naming the path and $SM120KIT_WHEEL_CACHE."""
     configured = os.environ.get(CACHE_ENV)
     if configured:
         path = Path(configured)
@@ -90,7 +92,17 @@ def cache_dir() -> Path:
         from platformdirs import user_cache_dir
 
         path = Path(user_cache_dir("sm120kit")) / "wheels"
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        from sm120kit.errors import UserError
+
+        source = f"${CACHE_ENV}" if configured else f"the default wheel cache (${CACHE_ENV} is not set)"
+        why = "a file, not a directory" if path.is_file() else exc.strerror or exc
+        raise UserError(
+            f"cannot use {path} as the wheel cache ({source}): {why}",
+            f"point ${CACHE_ENV} at a directory you can write to, e.g. export {CACHE_ENV}=$HOME/sm120kit-wheels",
+        ) from None
     return path
 
 

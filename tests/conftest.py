@@ -15,22 +15,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts"))  # the scripts the tests run in-process (conformance)
 
-import fetch_wheels  # noqa: E402
-
+from sm120kit import wheels  # noqa: E402
 from sm120kit.cli import main  # noqa: E402
 from sm120kit.patching.registry import load_patches  # noqa: E402
 from sm120kit.serve import procs  # noqa: E402
 
-WINDOW = fetch_wheels.SGLANG_WINDOW
+WINDOW = wheels.SGLANG_WINDOW
 FIXTURE_PATCHES = ROOT / "tests" / "fixtures" / "patches"
 
 # The files the shipped patches (and the fixture patch) touch, and those the flag schema is
 # read from; unpacking just these and the dist-info keeps a release install fast.
-MEMBERS = (
-    sorted({r.path for p in load_patches([str(FIXTURE_PATCHES)]) for r in p.rewrites}) + fetch_wheels.SCHEMA_SOURCES
-)
+MEMBERS = sorted({r.path for p in load_patches([str(FIXTURE_PATCHES)]) for r in p.rewrites}) + wheels.SCHEMA_SOURCES
 
 
 # The host's processes are not the tests' business: scans see only this test run's
@@ -38,7 +35,7 @@ MEMBERS = (
 procs.become_subreaper()
 os.environ[procs.SCOPE] = str(os.getpid())
 
-flashinfer_pin = functools.lru_cache(maxsize=None)(fetch_wheels.flashinfer_pin)
+flashinfer_pin = functools.lru_cache(maxsize=None)(wheels.flashinfer_pin)
 
 
 def install(site: Path, version: str, flashinfer: bool = True) -> Path:
@@ -46,8 +43,8 @@ def install(site: Path, version: str, flashinfer: bool = True) -> Path:
     flashinfer-python release it pins. Returns sglang's dist-info."""
     pin = flashinfer_pin(version) if flashinfer else None
     if pin:
-        fetch_wheels.install(site, "flashinfer-python", pin, MEMBERS)
-    return fetch_wheels.install(site, "sglang", version, MEMBERS)
+        wheels.install(site, "flashinfer-python", pin, MEMBERS)
+    return wheels.install(site, "sglang", version, MEMBERS)
 
 
 def raise_version(site: Path, package: str, new: str) -> Path:
@@ -92,7 +89,7 @@ def next_release(version: str) -> str | None:
 
 @functools.cache
 def wheel_bytes(version: str, relpath: str, package: str = "sglang") -> bytes:
-    with zipfile.ZipFile(fetch_wheels.fetch(package, version)) as zf:
+    with zipfile.ZipFile(wheels.fetch(package, version)) as zf:
         return zf.read(relpath)
 
 

@@ -200,3 +200,54 @@ def test_json_keeps_stdout_for_the_document(env_python, tmp_path):
     doc = json.loads(done.stdout)
     assert doc["exit_code"] == 0 and [lv["concurrency"] for lv in doc["levels"]] == [64] and doc["finished"]
     assert "preflight for standin" in done.stderr and "stopped the server" in done.stderr
+
+
+def _serve_child(monkeypatch, raised: BaseException, debug: bool = False) -> int:
+    """serving._serve in a forked child as `served` runs it, with serve() raising `raised`."""
+    import multiprocessing
+
+    from sm120kit.bench import serving
+
+    def serve(*args):
+        raise raised
+
+    monkeypatch.setattr(serving, "serve", serve)
+    child = multiprocessing.get_context("fork").Process(
+        target=serving._serve, args=(os.getpid(), True, None, None, None, None, None, debug)
+    )
+    child.start()
+    child.join(30)
+    return child.exitcode
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_bug_in_the_serve_child_is_an_internal_error(monkeypatch, capfd, debug):
+    """As `sm120kit serve` says it: one line and 2 (1 would read as "gave up"); the traceback with --debug."""
+    assert _serve_child(monkeypatch, RuntimeError("boom"), debug) == 2
+    err = capfd.readouterr().err
+    if debug:
+        assert "Traceback" in err and "RuntimeError: boom" in err
+    else:
+        assert err.startswith("sm120kit: internal error: RuntimeError: boom\n  rerun with --debug")
+        assert "Traceback" not in err
+
+
+def test_ctrl_c_in_the_serve_child_is_interrupted(monkeypatch, capfd):
+    assert _serve_child(monkeypatch, KeyboardInterrupt()) == 130
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_the_event_tail_reads_only_whole_new_lines(tmp_path):
+    from sm120kit.bench.serving import EventTail
+    from sm120kit.serve.status import EventKind
+
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"event": "started"}\n')
+    tail = EventTail(path)
+    assert tail.new() == []
+    with path.open("a") as fh:
+        fh.write('{"event": "progress"}\n{"event": "rea')
+    assert tail.new() == [EventKind.PROGRESS]
+    with path.open("a") as fh:
+        fh.write('dy"}\n')
+    assert tail.new() == [EventKind.READY] and tail.new() == []

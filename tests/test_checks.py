@@ -47,6 +47,23 @@ def test_a_check_that_breaks_fails_without_hiding_the_others(monkeypatch):
     found = {c.id: c for c in registry.run(("pcie", "persistence"), registry.CheckInputs(node))}
     assert found["pcie"].status is Status.FAIL and "RuntimeError: a bug" in found["pcie"].detail
     assert found["persistence"].status is Status.OK  # the next one still ran
+    with pytest.raises(RuntimeError, match="a bug"):  # --debug: the traceback, as the fix says
+        registry.run(("pcie", "persistence"), registry.CheckInputs(node, debug=True))
+
+
+def test_the_node_never_imports_serve():
+    """serve runs the node's checks; the node gets serve's process scan and run records
+    through CheckInputs, so the dependency goes one way."""
+    import ast
+
+    import sm120kit.node
+
+    root = Path(sm120kit.node.__file__).parent
+    for path in root.rglob("*.py"):
+        for n in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in n.names] if isinstance(n, ast.Import) else []
+            names += [f"{n.module}.{a.name}" for a in n.names] if isinstance(n, ast.ImportFrom) else []
+            assert not [m for m in names if m.startswith("sm120kit.serve")], path
 
 
 def test_bad_input_in_a_check_is_an_error_not_a_finding(monkeypatch):
@@ -94,9 +111,9 @@ def test_the_patch_check_fails_what_a_profile_needs_and_warns_in_a_survey(site):
     needed = registry.CheckInputs(node, patch_ids=("sglang-dsa-page-table-guard",))
     [check] = registry.run(("patches",), needed)
     assert check.status is Status.FAIL and check.detail == "not in place: sglang-dsa-page-table-guard: would-apply"
-    assert check.fix == "run `sm120kit patch --verify` (or start anyway with --no-patch-check)"
+    assert check.fix == "run `sm120kit patch --verify`; or `sm120kit serve --no-patch-check` to start anyway"
     [survey] = registry.run(("patches",), registry.CheckInputs(node))
-    assert survey.status is Status.WARN and "(or start anyway" not in survey.fix
+    assert survey.status is Status.WARN and "--no-patch-check" not in survey.fix
     assert {f["patch"] for f in survey.data["findings"]} >= {"sglang-dsa-page-table-guard"}  # bench records these
     [none] = registry.run(("patches",), registry.CheckInputs(node, patch_ids=()))
     assert none == Check("patches", Status.OK, "the profile needs none")

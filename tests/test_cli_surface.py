@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -254,6 +256,17 @@ def test_every_help_has_a_description_its_positionals_and_its_exit_codes(name):
     if python and name != "patch":
         assert "environment to patch" not in python.help, "--python says what it is for in this command"
     assert max(len(line) for line in parser.format_help().splitlines()) <= WIDTH
+
+
+def test_declaring_the_commands_imports_no_library_module():
+    """`sm120kit --help` builds every parser: the commands' own modules load in the command."""
+    code = (
+        "import sys; from sm120kit.cli import build_parser; build_parser(); "
+        "print(' '.join(m for m in ('sm120kit.tryout', 'sm120kit.wheels', 'sm120kit.patching.registry', "
+        "'sm120kit.profiles.render', 'sm120kit.target') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == ""
 
 
 # -- the README's claims -----------------------------------------------------------------

@@ -9,9 +9,10 @@ import subprocess
 import sys
 
 import conformance
-import fetch_wheels
 import pytest
 from conftest import ROOT, WINDOW, flashinfer_pin, install, raise_version
+
+from sm120kit import wheels
 
 SCRIPT = ROOT / "scripts" / "conformance.py"
 # pip with no configuration and an index on a closed port: nothing can be downloaded.
@@ -39,8 +40,8 @@ def run(tmp_path, *args, env=None) -> tuple[int, str, str]:
 
 def test_the_proven_window_conforms_from_the_cache_alone(tmp_path):
     for version in WINDOW:  # what the other tests fetch anyway; then the index is out of reach
-        fetch_wheels.fetch("sglang", version)
-        fetch_wheels.fetch("flashinfer-python", flashinfer_pin(version))
+        wheels.fetch("sglang", version)
+        wheels.fetch("flashinfer-python", flashinfer_pin(version))
     code, out, report = run(tmp_path, "--window", env=OFFLINE)
     assert code == 0, out
     assert "(every cell settled and proven)" in out
@@ -64,7 +65,7 @@ def test_latest_is_the_newest_release_the_index_offers(tmp_path):
     links = tmp_path / "index"
     links.mkdir()
     for package, version in (("sglang", "0.5.22"), ("sglang", "0.5.23"), ("flashinfer-python", "0.7.2")):
-        wheel = fetch_wheels.fetch(package, version)
+        wheel = wheels.fetch(package, version)
         (links / wheel.name).symlink_to(wheel)
     empty_cache = tmp_path / "cache"
     env = {**OFFLINE, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(links), "SM120KIT_WHEEL_CACHE": str(empty_cache)}
@@ -86,7 +87,7 @@ def test_latest_is_the_newest_release_the_index_offers(tmp_path):
 def test_refusals_are_clear(tmp_path, args, env, says):
     links = tmp_path / "index"
     links.mkdir()
-    (links / "sglang-0.5.23-py3-none-any.whl").symlink_to(fetch_wheels.fetch("sglang", "0.5.23"))
+    (links / "sglang-0.5.23-py3-none-any.whl").symlink_to(wheels.fetch("sglang", "0.5.23"))
     env = {**OFFLINE, "SM120KIT_WHEEL_CACHE": str(tmp_path / "empty"), **env}
     if env.get("PIP_NO_INDEX"):
         env["PIP_FIND_LINKS"] = str(links)

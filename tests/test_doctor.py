@@ -185,6 +185,21 @@ def test_no_driver_is_a_clear_answer(cli, tmp_path):
     assert "install the NVIDIA driver" in c["driver"]["fix"] and c["gpus"]["status"] == "info"
 
 
+def test_a_check_that_crashes_fails_and_shows_its_traceback_with_debug(cli, tmp_path, monkeypatch):
+    from sm120kit.node import registry
+
+    def broken(inputs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setitem(registry.CHECKS, "pcie", broken)
+    code, out = run(cli, tmp_path, SM120, node(tmp_path / "root"))
+    pcie = checks(out)["pcie"]
+    assert code == 1 and pcie["status"] == "fail" and "RuntimeError: a bug" in pcie["detail"]
+    assert "--debug" in pcie["fix"]
+    with pytest.raises(RuntimeError, match="a bug"):  # the CLI lets --debug's traceback through
+        run(cli, tmp_path, SM120, node(tmp_path / "root"), "--debug")
+
+
 def test_the_recorded_h200_is_not_an_sm120_node(cli, tmp_path):
     doc = json.loads((FIXTURES / "h200-recorded.json").read_text())
     code, out = run(cli, tmp_path, doc, node(tmp_path / "root"), "--profile", "glm5-nvfp4")

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import functools
 
-import fetch_wheels
 import pytest
 from conftest import WINDOW, wheel_bytes
 from packaging.version import Version
 
+from sm120kit import wheels
 from sm120kit.profiles import flags
 from sm120kit.profiles.flags import FlagSchema, read_schema, schema_from_sources
 from sm120kit.target import Target
@@ -338,7 +338,7 @@ def test_read_schema_from_an_installed_release(site):
         "sglang/srt/utils/common.py",
         "sglang/srt/model_executor/cuda_graph_config.py",
     ]
-    fetch_wheels.install(site, "sglang", version, members)
+    wheels.install(site, "sglang", version, members)
     dist = Target("test", [site]).find("sglang")
     assert dist is not None and dist.version == version
     assert read_schema(dist) == schema(version)

@@ -12,12 +12,12 @@ import textwrap
 import types
 import zipfile
 
-import fetch_wheels
 import libcst as cst
 import pytest
 from conftest import WINDOW, flashinfer_pin
 from packaging.version import Version
 
+from sm120kit import wheels
 from sm120kit.patching.registry import load_patches
 from sm120kit.patching.spec import Outcome
 from sm120kit.patching.transform import run_rewrites
@@ -53,7 +53,7 @@ def cases(select) -> list:
 
 @functools.cache
 def wheel_file(version: str, relpath: str) -> bytes:
-    with zipfile.ZipFile(fetch_wheels.fetch("flashinfer-python", version)) as zf:
+    with zipfile.ZipFile(wheels.fetch("flashinfer-python", version)) as zf:
         return zf.read(relpath)
 
 
@@ -84,7 +84,7 @@ def functions(source: bytes) -> dict[str, str]:
 def test_pins_are_what_the_sglang_wheels_require():
     assert tuple(PINS) == WINDOW
     for sglang, pinned in PINS.items():
-        with zipfile.ZipFile(fetch_wheels.fetch("sglang", sglang)) as zf:
+        with zipfile.ZipFile(wheels.fetch("sglang", sglang)) as zf:
             metadata = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
         [required] = re.findall(r"^Requires-Dist: flashinfer[-_]python(?:\[[^\]]*\])?==(\S+)", metadata, re.M)
         assert required == pinned, sglang
@@ -395,7 +395,7 @@ def test_patch_and_unpatch_an_installed_release(cli, site, tmp_path, monkeypatch
     jit = tmp_path / "home" / ".cache" / "flashinfer" / "0.6.3" / "120a" / "cached_ops" / "fused_moe_120"
     other = tmp_path / "home" / ".cache" / "flashinfer" / "0.6.12" / "120f" / "cached_ops" / "fused_moe_120"
     paths = sorted({p.rewrites[0].path for p in PATCHES.values()})
-    fetch_wheels.install(site, "flashinfer-python", "0.6.3", paths)
+    wheels.install(site, "flashinfer-python", "0.6.3", paths)
     only = [arg for pid in PATCHES for arg in ("--only", pid)]
     code, doc = cli.json("status", "--site", site, *only)
     assert code == 1 and {r["outcome"] for r in doc["results"]} == {"would-apply"}

@@ -8,10 +8,10 @@ import functools
 import json
 import zipfile
 
-import fetch_wheels
 import pytest
 from conftest import ROOT, WINDOW, install
 
+from sm120kit import wheels
 from sm120kit.errors import UserError
 from sm120kit.profiles.flags import schema_from_sources
 from sm120kit.profiles.loader import list_profiles, load_profile
@@ -24,7 +24,7 @@ GOLDEN = ROOT / "tests" / "fixtures" / "golden"
 
 @functools.cache
 def schema(version: str):
-    with zipfile.ZipFile(fetch_wheels.fetch("sglang", version)) as zf:
+    with zipfile.ZipFile(wheels.fetch("sglang", version)) as zf:
         names = set(zf.namelist())
         return schema_from_sources(version, lambda relpath: zf.read(relpath) if relpath in names else None)
 

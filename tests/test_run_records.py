@@ -53,3 +53,28 @@ def test_a_good_state_file_is_listed(tmp_path, cli, monkeypatch):
     )
     code, out, _ = cli("ps")
     assert code == 0 and "glm5-nvfp4  stopped" in out and "127.0.0.1:30000" in out
+
+
+def test_since_is_a_date_from_two_hours_on(tmp_path, cli, monkeypatch):
+    """SINCE at a glance while recent ("5m ago"); an older run shows when (not "170h12m ago")."""
+    import time
+
+    from sm120kit import report
+
+    now = time.time()
+    old = now - 170 * 3600 - 12 * 60
+    run = {"profile": "glm5-nvfp4", "status": "ready", "supervisor_pid": 1, "host": "127.0.0.1", "port": 30000}
+    assert report.ps_row({**run, "since": now - 90})[4] == "90s ago"
+    assert report.ps_row({**run, "since": now - 300})[4] == "5m ago"
+    assert report.ps_row({**run, "since": now - 7100})[4] == "118m ago"
+    assert report.ps_row({**run, "since": old})[4] == time.strftime("%Y-%m-%d %H:%M", time.localtime(old))
+    health = {"ok": True, "detail": "generates", "at": old}
+    assert report.ps_row({**run, "since": old, "last_health": health})[6].endswith(
+        f"({time.strftime('%Y-%m-%d %H:%M', time.localtime(old))})"
+    )
+    monkeypatch.setenv("SM120KIT_STATE_DIR", str(tmp_path))
+    state = tmp_path / "serve" / "glm5-nvfp4" / "state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps({**run, "status": "stopped", "since": old}))
+    code, out, _ = cli("ps", "--wide")
+    assert code == 0 and time.strftime("%Y-%m-%d %H:%M", time.localtime(old)) in out and "h12m ago" not in out

@@ -479,7 +479,7 @@ def test_required_patches_are_verified_before_a_start(serve, env_python):
         "FAIL patches: not in place: sglang-dsa-page-table-guard: would-apply; sglang-triton-smem-sm120: would-apply"
         in out.stdout
     )
-    assert "-> run `sm120kit patch --verify` (or start anyway with --no-patch-check)" in out.stdout
+    assert "-> run `sm120kit patch --verify`; or `sm120kit serve --no-patch-check` to start anyway" in out.stdout
     try:
         patched = subprocess.run(
             [sys.executable, "-m", "sm120kit", "patch", "--python", str(env_python)],

@@ -24,9 +24,9 @@ from sm120kit.node.registry import CheckInputs
 from sm120kit.node.snapshot import Snapshot
 from sm120kit.profiles.model import Health, Profile
 from sm120kit.serve import procs
+from sm120kit.serve.machine import Policy, ServerSpec
 from sm120kit.serve.progress import LineSplitter, phase_of
-from sm120kit.serve.rundir import copy_truncate, rotate
-from sm120kit.serve.supervisor import Policy
+from sm120kit.serve.rundir import copy_truncate, rotate, runs
 
 GiB = 1 << 30
 
@@ -275,7 +275,7 @@ def test_stale_means_orphaned_not_merely_unrecognised(monkeypatch, tmp_path):
         for pid in (healthy, orphan):
             while psutil.Process(pid).cmdline()[:1] != ["sglang::scheduler_TP0"]:
                 time.sleep(0.02)
-        check = serving.stale_processes(inputs())
+        check = serving.stale_processes(inputs(processes=procs, runs=runs))
         listed, _, left_alone = check.detail.partition("left alone")
         assert (
             check.status is Status.FAIL and f"pid {orphan} " in listed and "orphaned: its launcher is gone" in listed
@@ -416,13 +416,23 @@ def test_a_key_too_short_to_be_a_secret_is_refused(key):
     assert serving.api_key(inputs(profile(server={"api_key_env": "K"}), {"K": "sk-12345"})).status is Status.OK
 
 
+def test_the_specs_that_carry_the_key_keep_it_out_of_their_repr():
+    from sm120kit.bench.client import Sweep
+
+    server = ServerSpec(
+        "p", ["x", "--api-key", SECRET], ["x", "--api-key", "$K"], {"K": SECRET}, "127.0.0.1", 1, [], api_key=SECRET
+    )
+    sweep = Sweep("python", "sglang.benchmark.serving", "http://127.0.0.1:1", 256, 128, 3.0, api_key=SECRET)
+    assert SECRET not in repr(server) and "$K" in repr(server) and SECRET not in repr(sweep)
+
+
 def test_a_key_split_across_two_reads_of_the_log_is_redacted(tmp_path):
     import io
 
     from sm120kit.serve import supervisor
     from sm120kit.serve.rundir import RunRecord
 
-    server = supervisor.ServerSpec("p", ["x"], ["x"], {}, "127.0.0.1", 1, [], api_key=SECRET, api_key_env="K")
+    server = ServerSpec("p", ["x"], ["x"], {}, "127.0.0.1", 1, [], api_key=SECRET, api_key_env="K")
     out = io.StringIO()
     sup = supervisor.Supervisor(server, Policy.from_health(profile().health), RunRecord(tmp_path / "run"), out=out)
     log = tmp_path / "server.log"

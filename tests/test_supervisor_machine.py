@@ -22,11 +22,11 @@ from sm120kit.exit_codes import ExitCode
 from sm120kit.node import nvml
 from sm120kit.node.nvml_schema import Gpu
 from sm120kit.serve import procs
-from sm120kit.serve.machine import Kill, Machine, Probe, Say, Spawn, Update
+from sm120kit.serve.machine import Kill, Machine, Policy, Probe, Say, ServerSpec, Spawn, Update
 from sm120kit.serve.probe import ProbeResult
 from sm120kit.serve.rundir import RunRecord
 from sm120kit.serve.status import TERMINAL, EventKind, RunStatus
-from sm120kit.serve.supervisor import Policy, ServerSpec, Supervisor
+from sm120kit.serve.supervisor import Supervisor
 
 EPOCH = 1_800_000_000.0  # the fake wall clock at the fake monotonic clock's 0
 LAST_MOMENT = 10_000.0  # a scenario still running then never ends: the test fails

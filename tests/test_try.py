@@ -5,6 +5,7 @@ scratch directory removed or kept; offline, a bad --release and a step that goes
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
@@ -132,6 +133,69 @@ def test_a_release_outside_the_window_is_refused(tmp_path, cli, release, says):
 def test_a_missing_dir_is_refused(tmp_path, cli):
     code, _, err = cli("try", "--dir", tmp_path / "nowhere")
     assert code == 2 and f"--dir {tmp_path / 'nowhere'}: not a directory" in err
+
+
+def test_an_unwritable_dir_is_refused_before_any_download(tmp_path, cli, monkeypatch):
+    """Offline and nothing cached: had it fetched first, the error would be about the wheels."""
+    for name, value in {**OFFLINE, "SM120KIT_WHEEL_CACHE": str(tmp_path / "empty-cache")}.items():
+        monkeypatch.setenv(name, value)
+    parent = tmp_path / "read-only"
+    parent.mkdir(mode=0o500)
+    if os.access(parent, os.W_OK):  # root writes anywhere: what anyone else gets there
+        mkdir = os.mkdir
+
+        def refused(path, *args, **kwargs):
+            if os.path.dirname(path) == str(parent):
+                raise PermissionError(errno.EACCES, "Permission denied", path)
+            return mkdir(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "mkdir", refused)
+    code, out, err = cli("try", "--dir", parent)
+    assert code == 2 and out == ""
+    assert f"sm120kit: error: cannot make the scratch directory in --dir {parent}: Permission denied" in err
+    assert "next: give --dir a directory you can write to" in err and "Traceback" not in err
+    assert list(parent.iterdir()) == [] and not (tmp_path / "empty-cache").exists()
+
+
+@pytest.mark.parametrize("cache", ["a-file", "a-file/wheels"])
+def test_a_wheel_cache_that_cannot_be_made_is_a_user_error(tmp_path, cli, monkeypatch, cache):
+    (tmp_path / "a-file").write_text("not a directory")
+    monkeypatch.setenv("SM120KIT_WHEEL_CACHE", str(tmp_path / cache))
+    scratch_parent = tmp_path / "scratch"
+    scratch_parent.mkdir()
+    code, out, err = cli("try", "--dir", scratch_parent)
+    assert code == 2 and out == "" and "internal error" not in err
+    why = "a file, not a directory" if cache == "a-file" else "Not a directory"
+    assert f"error: cannot use {tmp_path / cache} as the wheel cache ($SM120KIT_WHEEL_CACHE): {why}" in err
+    assert "next: point $SM120KIT_WHEEL_CACHE at a directory you can write to" in err
+    assert list(scratch_parent.iterdir()) == []
+
+
+def test_a_command_that_answers_with_an_error_fails_its_step(tmp_path, cli, monkeypatch):
+    """A damaged site (its ledger a symbolic link out of it): `status --json` answers
+    {"error": ...}; the step fails with that error (no KeyError, no "internal error") and
+    the rest is not run."""
+    from sm120kit import tryout
+
+    install = tryout._step_install
+
+    def install_then_damage(run, step):
+        shown = install(run, step)
+        (run.site / ".sm120kit").mkdir()
+        (run.site / ".sm120kit" / "ledger.json").symlink_to(tmp_path / "elsewhere.json")
+        return shown
+
+    monkeypatch.setattr(tryout, "_step_install", install_then_damage)
+    scratch_parent = tmp_path / "scratch"
+    scratch_parent.mkdir()
+    code, doc = cli.json("try", "--dir", scratch_parent)
+    assert code == 1 and not doc["ok"], doc
+    status = doc["steps"][1]
+    assert status["name"] == "status" and status["exit_code"] == 2 and not status["ok"]
+    assert status["problem"].startswith("`sm120kit status --json` answered with an error (exit 2): ")
+    assert f"ledger.json is a symbolic link (to {tmp_path / 'elsewhere.json'})" in status["problem"]
+    assert "; stderr: next: remove the link (rm " in status["problem"]
+    assert doc["not_run"][0] == "patch --diff" and list(scratch_parent.iterdir()) == []
 
 
 def test_a_step_that_goes_wrong_is_named_and_the_rest_not_run(tmp_path, cli, monkeypatch):

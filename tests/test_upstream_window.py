@@ -117,6 +117,22 @@ def test_patch_verify_past_the_window_applies_by_shape_and_says_unproven(future,
     assert all((future / path).read_bytes() == wheel_bytes("0.5.23", path) for path in (FORWARD_MHA, PREFILL))
 
 
+def test_doctor_warns_of_patches_in_place_past_the_window(future, cli):
+    """In place but unproven is a warning (as the old doctor said it), not an ok, nor a failure."""
+    from pathlib import Path
+
+    from sm120kit.node import registry
+    from sm120kit.node.check import Status
+    from sm120kit.node.snapshot import Snapshot
+    from sm120kit.target import resolve_target
+
+    assert cli("patch", "--site", future)[0] == 0
+    node = Snapshot(Path("/"), {}, lambda: {"gpus": []}, resolve_target(site=str(future)))
+    [check] = registry.run(("patches",), registry.CheckInputs(node))
+    assert check.status is Status.WARN and f"{DSA}: {UNPROVEN}" in check.detail, check
+    assert check.fix.startswith("run by the shape of the code") and "--no-patch-check" not in check.fix
+
+
 @pytest.mark.parametrize("patch_id", sorted(ANCHORS))
 def test_a_moved_anchor_past_the_window_is_an_error_and_writes_nothing(future, cli, patch_id):
     move_anchor(future, patch_id)
@@ -230,7 +246,9 @@ def test_serve_preflight_refuses_a_moved_anchor_with_the_same_words(future, tmp_
     assert code == 1 and f"FAIL patches: not in place: {SMEM}: would-apply" in out
     assert cli("patch", "--site", future, "--allow-missing", DSA)[0] == 0
     code, out = serve_check(python, tmp_path / "state")  # the allowance is in the ledger
-    assert "ok   patches: 6 in place, fixed upstream or not needed" in out
+    # Unproven past the window: a warning, as doctor says it, and serve still starts.
+    assert code == 0 and "WARN patches: 6 in place, fixed upstream or not needed" in out
+    assert "-> run by the shape of the code on a release newer than they were proven on" in out
     assert f"{SMEM}: {UNPROVEN}" in out and f"{DSA}: anchor-missing on sglang 0.5.24, allowed" in out
 
 

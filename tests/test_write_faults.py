@@ -237,9 +237,9 @@ def test_when_the_second_sites_ledger_fails_the_first_sites_is_rolled_back(tmp_p
     a.mkdir(parents=True)
     b.mkdir(parents=True)
     install(a, "0.5.9", flashinfer=False)
-    from conftest import fetch_wheels
+    from sm120kit import wheels
 
-    fetch_wheels.install(
+    wheels.install(
         b, "flashinfer-python", "0.6.3", ["flashinfer/*.py", "flashinfer/jit/*.py", "flashinfer/jit/gemm/*.py"]
     )
     before = {**tree_snapshot(a), **{f"b/{k}": v for k, v in tree_snapshot(b).items()}}

@@ -9,7 +9,7 @@ import http.client
 import json
 import os
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -42,7 +42,7 @@ class Sweep:
     model: str | None = None
     tokenizer: str | None = None
     seed: int = 42
-    api_key: str | None = None  # given to the client as OPENAI_API_KEY (what it reads), never in argv
+    api_key: str | None = field(default=None, repr=False)  # given to the client as OPENAI_API_KEY, never in argv
 
     def prompts(self, concurrency: int) -> int:
         return max(self.min_prompts, round(concurrency * self.prompts_per_level))

@@ -22,11 +22,14 @@ import os
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
-from sm120kit.errors import UserError
+from sm120kit.errors import UserError, internal_error
 from sm120kit.exit_codes import ExitCode
+from sm120kit.serve import procs  # here, not in the child: procs resolves prctl (a dlopen), never after a fork
+from sm120kit.serve.command import serve
 from sm120kit.serve.status import EventKind
 
 READY_SLACK_S = 60.0  # past the profile's startup budget: the preflight and the supervisor's own start
@@ -41,7 +44,9 @@ class EventTail:
 
     def new(self) -> list[EventKind]:
         try:
-            data = self.path.read_bytes()[self.offset :]
+            with self.path.open("rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
         except OSError:
             return []
         complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next call
@@ -56,9 +61,10 @@ class EventTail:
 
 
 @contextlib.contextmanager
-def served(profile, launch, target, options, width: int | None, out=None) -> Iterator[None]:
+def served(profile, launch, target, options, width: int | None, out=None, debug: bool = False) -> Iterator[None]:
     """Up until it generates (or a UserError: nothing was benchmarked), stopped after.
-    What we and the server say goes to out (stdout; stderr while stdout carries JSON)."""
+    What we and the server say goes to out (stdout; stderr while stdout carries JSON);
+    with debug, a bug in the child prints its traceback."""
     from sm120kit.serve.rundir import serve_root
 
     out = out or sys.stdout
@@ -69,7 +75,7 @@ def served(profile, launch, target, options, width: int | None, out=None) -> Ite
         stream.flush()  # a forked child must not write our buffered output again
     child = multiprocessing.get_context("fork").Process(
         target=_serve,
-        args=(os.getpid(), out is sys.stderr, profile, launch, target, options, width),
+        args=(os.getpid(), out is sys.stderr, profile, launch, target, options, width, debug),
         name=f"serve {profile.name}",
     )
     child.start()  # before the handlers below: the child keeps the default ones until the supervisor's
@@ -112,21 +118,27 @@ def _wait_ready(child, events: EventTail, profile, timeout: float) -> None:
         time.sleep(0.2)
 
 
-def _serve(parent: int, to_stderr: bool, profile, launch, target, options, width: int | None) -> None:
-    """The child: serve's Python API, its exit code as the process's."""
-    from sm120kit.serve import procs
-    from sm120kit.serve.command import serve
-
+def _serve(parent: int, to_stderr: bool, profile, launch, target, options, width: int | None, debug: bool) -> None:
+    """The child: serve's Python API, its exit code as the process's; an error, a bug or
+    Ctrl-C ends it as `sm120kit serve` would end (cli.main)."""
     if to_stderr:
         os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     os.setsid()
-    procs._prctl(procs.PR_SET_PDEATHSIG, signal.SIGTERM)  # bench gone: the supervisor's clean stop
-    if os.getppid() != parent:  # bench died before the tie took effect
-        sys.exit(int(ExitCode.INTERRUPTED))
+    if not procs.tie_to_parent(parent, signal.SIGTERM):  # bench gone: the supervisor's clean stop
+        sys.exit(int(ExitCode.INTERRUPTED))  # bench died before the tie took effect
     try:
         code = serve(profile, launch, target, options, width)
     except UserError as exc:
         print(f"sm120kit: error: {exc}", file=sys.stderr)
+        code = ExitCode.ERROR
+    except KeyboardInterrupt:
+        print("sm120kit: interrupted", file=sys.stderr)
+        code = ExitCode.INTERRUPTED
+    except Exception as exc:  # a bug: one line (the traceback with --debug), and 2, not 1 ("gave up")
+        if debug:
+            traceback.print_exc()
+        else:
+            print(internal_error(exc), file=sys.stderr)
         code = ExitCode.ERROR
     sys.exit(int(code))
 

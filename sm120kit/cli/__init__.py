@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return ExitCode.ERROR
-    from sm120kit.errors import UserError
+    from sm120kit.errors import UserError, internal_error
 
     try:
         return args.func(args)
@@ -67,9 +67,5 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug: say so plainly; the traceback is for --debug
         if args.debug:
             raise
-        print(
-            f"sm120kit: internal error: {type(exc).__name__}: {exc}\n"
-            "  rerun with --debug for the traceback and report it",
-            file=sys.stderr,
-        )
+        print(internal_error(exc), file=sys.stderr)
         return ExitCode.ERROR

@@ -1,4 +1,8 @@
-"""Options that several commands share, spelled the same everywhere, and their checks."""
+"""What the command modules share: the options several commands take, spelled the same
+everywhere (--python/--site, --patch-dir, --only, --allow-missing, --json/--wide/--debug,
+--profile-dir/--set); command_parser and the help formatter it declares each command with;
+the loading of the target and patches those options name; and the range check of numeric
+options."""
 
 from __future__ import annotations
 
@@ -30,11 +34,10 @@ class HelpFormatter(argparse.HelpFormatter):
         return "\n".join(lines)
 
 
-def command_parser(
-    sub, name: str, summary: str, description: str, exits: Mapping[ExitCode, str], *, func=None, **kwargs
-):
+def command_parser(sub, name: str, summary: str, description: str, exits: Mapping[ExitCode, str], *, func=None):
     """A subcommand with its one-line summary (the list in `sm120kit --help`), a description
-    and what it exits with (`sm120kit NAME --help`); `func` is the command function it runs."""
+    and what it exits with (`sm120kit NAME --help`); `func` is the command function it runs
+    (none for a group of verbs, such as `profile`)."""
     epilog = "exit codes:\n" + "\n".join(f"  {int(code):3d}  {meaning}" for code, meaning in exits.items())
     parser = sub.add_parser(
         name,
@@ -42,14 +45,13 @@ def command_parser(
         description=description,
         epilog=epilog,
         formatter_class=HelpFormatter,
-        **kwargs,
     )
     if func is not None:
         parser.set_defaults(func=func)
     return parser
 
 
-def target_args(parser: argparse.ArgumentParser, python_is: str = "the environment to patch") -> None:
+def target_args(parser: argparse.ArgumentParser, python_is: str) -> None:
     """--python / --site; python_is says what the interpreter is for in this command."""
     group = parser.add_argument_group("target environment (default: this interpreter)")
     group.add_argument(
@@ -126,7 +128,7 @@ def load_target_and_patches(args, selected: bool = True):
 
 
 def allowed_missing(args) -> frozenset[str]:
-    return frozenset(getattr(args, "allow_missing", None) or ())
+    return frozenset(args.allow_missing)
 
 
 def check_range(option: str, value: float, low: float, high: float, hint: str, low_open: bool = False) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from sm120kit.cli.args import check_range, command_parser, common_args, patch_dir_arg, profile_args, target_args
+from sm120kit.cli.profiles import render_for
 from sm120kit.exit_codes import ExitCode
 
 
@@ -186,17 +187,10 @@ def cmd_bench(args) -> int:
 def _served(args, profile, target, width: int | None, out):
     """The context that runs the profile's server for the sweep (bench --serve)."""
     from sm120kit.bench.serving import served
-    from sm120kit.errors import UserError
-    from sm120kit.profiles.flags import read_schema
-    from sm120kit.profiles.render import render
     from sm120kit.serve.command import ServeOptions
 
-    dist = target.find("sglang")
-    if dist is None:
-        raise UserError(
-            f"sglang is not installed in {target.description}: the server and its benchmark client run from there",
-            "point sm120kit at the serving environment with --python EXE",
-        )
-    launch = render(profile, read_schema(dist), args.python or sys.executable)
-    options = ServeOptions(patch_dirs=tuple(args.patch_dir or ()), gpu_check=not args.no_gpu_check, echo=False)
-    return served(profile, launch, target, options, width, out)
+    launch = render_for(args, profile, target)  # args.site is None: bench refuses --site
+    options = ServeOptions(
+        patch_dirs=tuple(args.patch_dir or ()), gpu_check=not args.no_gpu_check, echo=False, debug=args.debug
+    )
+    return served(profile, launch, target, options, width, out, debug=args.debug)

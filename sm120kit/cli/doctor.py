@@ -66,6 +66,7 @@ def cmd_doctor(args) -> int:
         root=Path(args.root) if args.root else None,
         nvml_file=Path(args.nvml) if args.nvml else None,
         patch_dirs=tuple(args.patch_dir or ()),
+        debug=args.debug,
     )
     result = doctor(options, profile, resolve_target(args.python, args.site))
     if args.json:

@@ -110,10 +110,8 @@ def cmd_profile_show(args) -> int:
 
 def render_launch(args):
     """(profile, its launch rendered for the target's sglang, the target)."""
-    from sm120kit.errors import UserError
-    from sm120kit.profiles.flags import read_schema
     from sm120kit.profiles.loader import load_profile
-    from sm120kit.profiles.render import render, require_servable
+    from sm120kit.profiles.render import require_servable
     from sm120kit.target import resolve_target
 
     sets = list(args.sets or [])
@@ -122,14 +120,24 @@ def render_launch(args):
     profile = load_profile(args.name, args.profile_dir, sets)
     require_servable(profile)  # before the target: a base profile is refused anywhere
     target = resolve_target(args.python, args.site)
+    return profile, render_for(args, profile, target), target
+
+
+def render_for(args, profile, target):
+    """The profile's launch rendered for the sglang installed in the target (--python /
+    --site): what `profile check`, `serve` and `bench --serve` run."""
+    from sm120kit.errors import UserError
+    from sm120kit.profiles.flags import read_schema
+    from sm120kit.profiles.render import render
+
     dist = target.find("sglang")
     if dist is None:
         raise UserError(
             f"sglang is not installed in {target.description}: a profile renders for the installed release",
-            "point sm120kit at the serving environment with --python EXE or --site DIR",
+            "point sm120kit at the serving environment with --python EXE",
         )
     python = args.python or ("python3" if args.site else sys.executable)
-    return profile, render(profile, read_schema(dist), python), target
+    return render(profile, read_schema(dist), python)
 
 
 def cmd_profile_check(args) -> int:
@@ -139,8 +147,7 @@ def cmd_profile_check(args) -> int:
     if args.json:
         report.emit_json({"profile": args.name, "ok": True, **launch.as_json()})
         return ExitCode.OK
-    for warning in launch.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+    report.print_warnings(launch.warnings)
     print(f"profile {args.name}: ok for sglang {launch.sglang} ({len(launch.argv) - 3} arguments)")
     return ExitCode.OK
 

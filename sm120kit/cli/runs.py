@@ -47,9 +47,10 @@ def register(sub) -> None:
 def cmd_ps(args) -> int:
     from sm120kit import report
     from sm120kit.serve.rundir import runs, serve_root
+    from sm120kit.serve.status import RunStatus
 
     found = runs()
-    damaged = [r["error"] for r in found if r["status"] == "damaged"]
+    damaged = [r["error"] for r in found if r["status"] == RunStatus.DAMAGED]
     code = ExitCode.ERROR if damaged else ExitCode.OK  # a record that cannot be read is not "nothing served"
     if args.json:
         report.emit_json({"runs": found, "exit_code": code})

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from sm120kit.cli.args import (
     allow_missing_arg,
     command_parser,
@@ -73,8 +71,7 @@ def cmd_serve(args) -> int:
         if args.json:
             report.emit_json(launch.as_json())
             return ExitCode.OK
-        for warning in launch.warnings:
-            print(f"warning: {warning}", file=sys.stderr)
+        report.print_warnings(launch.warnings)
         print(launch.shell())
         return ExitCode.OK
     options = command.ServeOptions(
@@ -84,10 +81,13 @@ def cmd_serve(args) -> int:
         gpu_check=not args.no_gpu_check,
         kill_stale=args.kill_stale,
         echo=not args.quiet,
+        debug=args.debug,
     )
     width = report.output_width(args.wide)
     if not args.check:
         return command.serve(profile, launch, target, options, width)
+    if not args.json:
+        preflight.header(profile.name, launch)
     checked = preflight.run(profile, launch, target, options)
     if args.json:
         report.emit_json(checked.as_json())

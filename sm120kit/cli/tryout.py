@@ -25,10 +25,7 @@ DESCRIPTION = (
 
 
 def register(sub) -> None:
-    """try."""
-    from sm120kit.tryout import releases
-
-    window = releases()
+    """try. sm120kit.tryout and the wheels are imported by cmd_try alone: --help stays fast."""
     p = command_parser(
         sub,
         "try",
@@ -39,17 +36,17 @@ def register(sub) -> None:
             ExitCode.FINDINGS: "a step did not (the summary says which; the rest is not run)",
             ExitCode.ERROR: "bad input, or a wheel could not be fetched (offline and not cached)",
         },
+        func=cmd_try,
     )
     p.add_argument(
         "--release",
         metavar="X",
-        help=f"the sglang release to upgrade to, from the proven one before it ({window[0]} – {window[-1]}; "
-        f"default {window[-1]})",
+        help="the sglang release to upgrade to, from the proven one before it (default: the newest proven; "
+        "one outside the proven window is refused with the window named)",
     )
     p.add_argument("--dir", metavar="DIR", help="make the scratch directory in DIR (default: the system's temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory and print its path")
     common_args(p)
-    p.set_defaults(func=cmd_try)
 
 
 def cmd_try(args) -> int:

@@ -17,6 +17,7 @@ class DoctorOptions:
     root: Path | None = None  # /proc and /sys copied from another node
     nvml_file: Path | None = None  # NVML answers recorded by `doctor --json`
     patch_dirs: tuple[str, ...] = ()
+    debug: bool = False  # a check that crashes raises, with its traceback
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,10 @@ class DoctorReport:
 
 
 def doctor(options: DoctorOptions, profile, target) -> DoctorReport:
-    """Exit 0: nothing failed (warnings allowed); 1: something failed."""
-    import os
-
-    from sm120kit.node import nvml
+    """Doctor's checks of this node (or of options.root and options.nvml_file, recorded on
+    another), the profile's needs judged when one is given. The report's exit_code is 0 when
+    nothing failed (warnings allowed), 1 when something did."""
+    from sm120kit.node import nvml, snapshot
 
     root = options.root
     if root and not root.is_dir():
@@ -63,12 +64,13 @@ def doctor(options: DoctorOptions, profile, target) -> DoctorReport:
             f"--root {root}: holds neither proc/ nor sys/, so it is no copy of a node",
             "pass a directory that holds proc/ and sys/ copied from the node",
         )
-    document = nvml.load(str(options.nvml_file)) if options.nvml_file else nvml.read()
-    node = Snapshot(root or Path("/"), dict(os.environ), lambda: document, target)
+    document = nvml.load(str(options.nvml_file)) if options.nvml_file else None
+    node = snapshot.live(target, root=root, nvml_document=document)
     inputs = registry.CheckInputs(
         node,
         profile,
         patch_dirs=options.patch_dirs,
         patch_ids=tuple(profile.patches) if profile else None,
+        debug=options.debug,
     )
     return DoctorReport(profile.name if profile else None, registry.run(registry.DOCTOR, inputs), node)

@@ -23,6 +23,12 @@ class CheckInputs:
     patch_ids: tuple[str, ...] | None = None  # must be in place; None: survey every known patch
     allow_missing: frozenset[str] = frozenset()
     kill_stale: bool = False
+    # What the stale-process and ports checks read, supplied by the command that runs them
+    # (serve), so that the node never imports serve: the process scan, stop and port probes
+    # (sm120kit.serve.procs), and the run records (sm120kit.serve.rundir.runs).
+    processes: object | None = None
+    runs: Callable[[], list[dict]] | None = None
+    debug: bool = False  # --debug: a check that crashes raises, with its traceback
     running: frozenset[str] = frozenset()  # the ids run together (set by run())
 
     @property
@@ -80,7 +86,7 @@ BENCH = ("software", "patches")  # recorded with the results: versions and each 
 def run(ids: tuple[str, ...], inputs: CheckInputs, skipped: Mapping[str, str] | None = None) -> list[Check]:
     """The checks in order. skipped: id -> the option that turned it off (said as SKIP).
     A check's bug must not hide the others, nor pass for a good answer: it fails (serve
-    must not start on it); bad input (a UserError) is raised."""
+    must not start on it), or with inputs.debug is raised; bad input (a UserError) is raised."""
     inputs = dataclasses.replace(inputs, running=frozenset(ids) - set(skipped or ()))
     results = []
     for check_id in ids:
@@ -92,6 +98,8 @@ def run(ids: tuple[str, ...], inputs: CheckInputs, skipped: Mapping[str, str] | 
         except UserError:
             raise
         except Exception as exc:
+            if inputs.debug:
+                raise
             found = Check(
                 check_id,
                 Status.FAIL,

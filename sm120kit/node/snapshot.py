@@ -50,9 +50,11 @@ class Snapshot:
             return []
 
 
-def live(target=None, pairs: bool = True) -> Snapshot:
-    """This node: /, this process's environment, the driver's NVML (read when first asked;
-    without pairs, no P2P or topology matrix)."""
+def live(target=None, pairs: bool = True, root: Path | None = None, nvml_document: dict | None = None) -> Snapshot:
+    """This node: / (or root, a copy of another node's /proc and /sys), this process's
+    environment, and the driver's NVML (read when first asked; without pairs, no P2P or
+    topology matrix) or nvml_document, answers recorded by `doctor --json`."""
     from sm120kit.node import nvml
 
-    return Snapshot(Path("/"), dict(os.environ), lambda: nvml.read(pairs=pairs), target)
+    read = (lambda: nvml_document) if nvml_document is not None else (lambda: nvml.read(pairs=pairs))
+    return Snapshot(root or Path("/"), dict(os.environ), read, target)

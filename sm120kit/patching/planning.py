@@ -26,7 +26,7 @@ from sm120kit.patching.verdicts import (
     qualify,
     rebuild,
 )
-from sm120kit.target import Distribution, Target
+from sm120kit.target import Distribution, Target, reinstall_command
 
 
 @dataclass
@@ -329,7 +329,7 @@ def _package_warnings(target: Target, dist: Distribution, ledger: Ledger) -> lis
         warnings.append(
             f"{dist.dist_info / 'RECORD'} is not valid UTF-8 (a damaged installation): the rows of the files "
             "sm120kit patches were read, the rest ignored; repair it: "
-            f"pip install --force-reinstall --no-deps {dist.name}=={dist.version}"
+            f"{reinstall_command(dist.name, dist.version)}"
         )
     warnings += _stale_jit_caches(dist, ledger)
     prebuilt = jit_cache.prebuilt_package(dist)

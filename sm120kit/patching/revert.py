@@ -17,7 +17,7 @@ from sm120kit.patching import planning, transaction, transform, writing
 from sm120kit.patching.ledger import FileEntry, Ledger, ReadOnly, sha256
 from sm120kit.patching.planning import Plan, read_entry
 from sm120kit.patching.spec import Outcome, Patch, Rewrite
-from sm120kit.target import Distribution, Target
+from sm120kit.target import Distribution, Target, reinstall_command
 
 
 class RestoreOutcome(str, enum.Enum):
@@ -184,7 +184,7 @@ def _original(
     or (None, [], why they cannot be had)."""
     original = ledger.backup(entry.vendor_sha256)
     if original is None:
-        reinstall = f"pip install --force-reinstall --no-deps {entry.package}=={entry.version}"
+        reinstall = reinstall_command(entry.package, entry.version)
         return None, [], f"the backup {entry.vendor_sha256[:12]} is missing or damaged; reinstall: {reinstall}"
     others = [i for i in entry.patches if i not in ids]
     if unknown := [i for i in others if i not in request.by_id]:
@@ -248,7 +248,7 @@ def unrecorded_rows(target: Target, result: Plan) -> list[Restore]:
         ledger = result.ledgers.get(dist.site) or Ledger(dist.site)
         if dist.key(f.path) in ledger.files:
             continue
-        reinstall = f"pip install --force-reinstall --no-deps {dist.name}=={dist.version}"
+        reinstall = reinstall_command(dist.name, dist.version)
         detail = (
             f"{f.path}: patched code without a ledger entry, so `unpatch` cannot restore it; reinstall: {reinstall}"
         )

@@ -17,7 +17,7 @@ from sm120kit.patching import transform
 from sm120kit.patching.ledger import FileEntry, Ledger, sha256
 from sm120kit.patching.spec import Outcome, Patch, Rewrite, marker_revisions
 from sm120kit.patching.transform import Finding
-from sm120kit.target import Distribution
+from sm120kit.target import Distribution, reinstall_command
 
 Items = list[tuple[Patch, Rewrite]]  # the rewrites of one file, in the order they run
 
@@ -146,7 +146,7 @@ def _outdated(file: TargetFile, items: Items, older: dict[str, set[int]]) -> lis
 def _vendor_bytes(file: TargetFile, items: Items) -> tuple[bytes | None, str, str]:
     """(the vendor's bytes to rebuild from, "", "") or (None, why they cannot be had, what to do)."""
     dist, entry = file.dist, file.entry
-    reinstall = f"pip install --force-reinstall --no-deps {dist.name}=={dist.version}, then sm120kit patch"
+    reinstall = f"{reinstall_command(dist.name, dist.version)}, then sm120kit patch"
     ours = file.state is FileState.OURS
     vendor = file.ledger.backup(entry.vendor_sha256) if entry and ours else None
     if entry is None:
@@ -183,7 +183,7 @@ def qualify(findings: list[Finding], dist: Distribution, allowed: dict[str, str]
             f.detail = f"{f.unproven}: {f.detail}; the bug may or may not be fixed in this release"
             f.hint = f"{_pin(f.patch, dist)}, or check upstream's change to {f.path}{_refs(f.patch)}; {go_on}"
         else:
-            reinstall = f"pip install --force-reinstall --no-deps {dist.name}=={dist.version}"
+            reinstall = reinstall_command(dist.name, dist.version)
             f.hint = f"reinstall {dist.name} {dist.version} ({reinstall}); {go_on}"
         if f.patch.id in allowed:
             f.allowed = True

@@ -30,6 +30,7 @@ class ServeOptions:
     gpu_check: bool = True
     kill_stale: bool = False  # stop the stale sglang processes the preflight finds
     echo: bool = True  # the server's log on our output as it is written (--quiet: not)
+    debug: bool = False  # a check that crashes raises (its traceback), rather than failing
 
 
 def resolve_argv(
@@ -42,10 +43,8 @@ def resolve_argv(
     argv, shown = [], []
     for a in launch.argv:
         if isinstance(a, EnvRef):
-            key, i = (
-                env.get(a.name, ""),
-                len(argv),
-            )  # its place, not a search for its text: "127.0.0.1" may be --host's too
+            key = env.get(a.name, "")
+            i = len(argv)  # its place, not a search for its text: "127.0.0.1" may be --host's too
             argv.append(key)
             shown.append(f"${a.name}")
         else:
@@ -95,7 +94,8 @@ def serve(profile, launch: Launch, target, options: ServeOptions, width: int | N
     from filelock import FileLock, Timeout
 
     from sm120kit.node.checks.serving import port_plan
-    from sm120kit.serve.supervisor import Policy, ServerSpec, Supervisor
+    from sm120kit.serve.machine import Policy, ServerSpec
+    from sm120kit.serve.supervisor import Supervisor
 
     directory = serve_root() / profile.name
     try:
@@ -118,6 +118,7 @@ def serve(profile, launch: Launch, target, options: ServeOptions, width: int | N
         if key_file.exists() or key_file.is_symlink():
             key_file.unlink()  # only a supervisor killed with SIGKILL (no finally) leaves one
             print(f"removed the API key file that a killed supervisor left behind: {key_file}")
+        preflight.header(profile.name, launch)
         checked = preflight.run(profile, launch, target, options)
         preflight.show(checked, width)
         record.event(EventKind.PREFLIGHT, ok=not checked.failed, checks=[c.as_json() for c in checked.checks])
@@ -149,7 +150,7 @@ def serve(profile, launch: Launch, target, options: ServeOptions, width: int | N
             check_gpus=options.gpu_check,
         )
         with keep_secret(key, f"${profile.server.api_key_env}"):
-            return ExitCode(Supervisor(server, Policy.from_health(profile.health), record, echo=options.echo).run())
+            return Supervisor(server, Policy.from_health(profile.health), record, echo=options.echo).run()
     finally:
         key_file.unlink(missing_ok=True)
         lock.release()

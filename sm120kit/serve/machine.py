@@ -20,7 +20,7 @@ through it, with a fake clock and a fake host.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sm120kit.exit_codes import ExitCode
@@ -64,13 +64,13 @@ class ServerSpec:
     """What to run and how to reach it."""
 
     name: str
-    argv: list[str]  # with the API key in place: never logged
+    argv: list[str] = field(repr=False)  # with the API key in place: never logged (nor in a repr)
     shown_argv: list[str]  # with the key as "$NAME"
-    env: dict[str, str]
+    env: dict[str, str] = field(repr=False)
     host: str  # where to probe
     port: int
     ports: list[tuple[str, str, int]]  # the port plan, proven free after a stop
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
     api_key_env: str | None = None  # its name: what is written wherever the key would be
     check_gpus: bool = True
 

@@ -6,13 +6,14 @@ sglang processes it found (and says which)."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sm120kit import report
 from sm120kit.exit_codes import ExitCode
 from sm120kit.node import registry, render, snapshot
 from sm120kit.node.check import Check, Status
+from sm120kit.serve import procs, rundir
 
 if TYPE_CHECKING:
     from sm120kit.profiles.render import Launch
@@ -53,6 +54,9 @@ def run(profile, launch: Launch, target, options: ServeOptions) -> Preflight:
         patch_ids=tuple(profile.patches),
         allow_missing=options.allow_missing,
         kill_stale=options.kill_stale,
+        processes=procs,
+        runs=rundir.runs,
+        debug=options.debug,
     )
     skipped = {"patches": "--no-patch-check"} if not options.patch_check else {}
     skipped |= {"gpus": "--no-gpu-check"} if not options.gpu_check else {}
@@ -62,12 +66,13 @@ def run(profile, launch: Launch, target, options: ServeOptions) -> Preflight:
     return Preflight(profile.name, launch.sglang, checks, list(launch.warnings), inputs.server_env)
 
 
+def header(profile: str, launch: Launch) -> None:
+    """The renderer's warnings on stderr, then the line the checks go under: before they
+    run (the patch plan, NVML and --kill-stale can take seconds)."""
+    report.print_warnings(launch.warnings)
+    print(f"preflight for {profile} (sglang {launch.sglang}):", flush=True)
+
+
 def show(preflight: Preflight, width: int | None) -> None:
-    """The renderer's warnings on stderr, then each check, and the fix of each that is not ok."""
-    for warning in preflight.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    lines = [
-        f"preflight for {preflight.profile} (sglang {preflight.sglang}):",
-        *render.listing(preflight.checks, width),
-    ]
-    print("\n".join(lines), flush=True)
+    """Each check (under the header), and the fix of each that is not ok."""
+    print("\n".join(render.listing(preflight.checks, width)), flush=True)

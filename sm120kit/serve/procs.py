@@ -53,14 +53,20 @@ def become_subreaper() -> bool:
     return _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
+def tie_to_parent(parent: int, sig: int) -> bool:
+    """In a child: `sig` when its parent dies (PR_SET_PDEATHSIG). False when the parent
+    (pid `parent`) died before the tie took effect: the child is to exit now."""
+    _prctl(PR_SET_PDEATHSIG, sig)
+    return os.getppid() == parent
+
+
 def spawn(argv: list[str], env: dict[str, str], log_path: str) -> subprocess.Popen:
     """argv in a new session (its own process group), stdout and stderr appended to the
     log, killed if the supervisor dies."""
     parent = os.getpid()
 
-    def tie_to_parent() -> None:  # runs in the child, after setsid
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the supervisor died before the prctl took effect
+    def killed_with_parent() -> None:  # runs in the child, after setsid
+        if not tie_to_parent(parent, signal.SIGKILL):  # the supervisor died already
             os._exit(1)
 
     with open(log_path, "ab", buffering=0) as log:
@@ -71,7 +77,7 @@ def spawn(argv: list[str], env: dict[str, str], log_path: str) -> subprocess.Pop
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
-            preexec_fn=tie_to_parent,
+            preexec_fn=killed_with_parent,
             close_fds=True,
         )
 

@@ -18,7 +18,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import psutil
 
@@ -32,10 +32,8 @@ from sm120kit.serve.machine import (
     Exit,
     Kill,
     Machine,
-    Policy,
     Probe,
     Say,
-    ServerSpec,
     Spawn,
     Stop,
     Update,
@@ -44,6 +42,9 @@ from sm120kit.serve.probe import Prober, ThreadProber
 from sm120kit.serve.progress import LineSplitter, phase_of
 from sm120kit.serve.rundir import RunRecord, copy_truncate, rotate
 from sm120kit.serve.status import EventKind, RunStatus
+
+if TYPE_CHECKING:
+    from sm120kit.serve.machine import Policy, ServerSpec
 
 LOG_TICK_S = 0.5  # how often the log is read (live tail, progress)
 LOG_TAIL_BYTES = 256 * 1024  # read for a diagnosis
@@ -104,7 +105,7 @@ class Supervisor:
 
     # -- the loop ----------------------------------------------------------------------
 
-    def run(self) -> int:
+    def run(self) -> ExitCode:
         self.host.listen(self.stop_signals.append)
         subreaper = self.host.become_subreaper()
         me = psutil.Process()

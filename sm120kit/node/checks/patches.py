@@ -1,13 +1,15 @@
 """Are the patches in place? One check for every command: serve's preflight and doctor
 with a profile judge the profile's patches (a patch not in place fails: serve refuses to
-start without it); doctor without one, and bench, survey every known patch (one not in
-place is a warning). data["findings"] is each patch's outcome, as bench records it."""
+start without it); doctor without one, and bench, survey every known patch (one not yet
+applied is a warning, an error such as a missing anchor fails). Patches in place but past
+their proven window warn. data["findings"] is each patch's outcome, as bench records it."""
 
 from __future__ import annotations
 
 from sm120kit.node.check import Check, Status
 
-NO_PATCH_CHECK = " (or start anyway with --no-patch-check)"
+NO_PATCH_CHECK = "or `sm120kit serve --no-patch-check` to start anyway"
+UNPROVEN = "run by the shape of the code on a release newer than they were proven on: watch the first requests"
 
 
 def patches(inputs) -> Check:
@@ -32,7 +34,10 @@ def patches(inputs) -> Check:
     ]
     if code == 0:
         note = "".join(f"; {n}" for n in dict.fromkeys(notes))
-        return Check("patches", Status.OK, f"{checked} in place, fixed upstream or not needed{note}", data=data)
+        detail = f"{checked} in place, fixed upstream or not needed{note}"
+        if plan.unproven:  # a warning, never a refusal: serve refuses only on a failure
+            return Check("patches", Status.WARN, detail, UNPROVEN, data)
+        return Check("patches", Status.OK, detail, data=data)
     drift = sorted(
         {
             f"{f.patch.id}: {f.outcome.value}" + (f" ({f.detail})" if f.detail and code == 2 else "")
@@ -49,7 +54,7 @@ def patches(inputs) -> Check:
         "patches",
         Status.FAIL if required or code == 2 else Status.WARN,
         "not in place: " + "; ".join(drift),
-        fix + (NO_PATCH_CHECK if required else ""),
+        fix + (f"; {NO_PATCH_CHECK}" if required else ""),
         data,
     )
 

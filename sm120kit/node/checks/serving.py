@@ -1,7 +1,8 @@
 """What a server start needs from the node: its API key in the environment, no stale
 sglang process holding the GPUs, and every port it will bind free. Nothing here changes
 the node, except the stale-process check with kill_stale (--kill-stale), which stops the
-stale processes it found and says which."""
+stale processes it found and says which. The processes and the run records come from the
+caller (CheckInputs.processes and .runs): serve's, which node does not import."""
 
 from __future__ import annotations
 
@@ -45,8 +46,7 @@ def _port(value, key: str, profile) -> int:
 
 
 def ports(inputs) -> Check:
-    from sm120kit.serve import procs
-
+    procs = inputs.processes
     plan = port_plan(inputs.profile)
     taken = []
     for what, host, port in plan:
@@ -74,10 +74,8 @@ def stale_processes(inputs) -> Check:
     """sglang processes left from an earlier run: ours (the marker) whose supervisor is
     gone, and orphans (a scheduler whose launcher died: re-parented to PID 1 or to some
     subreaper). A healthy server someone else started is named and left alone."""
-    from sm120kit.serve import procs
-    from sm120kit.serve.rundir import runs
-
-    records = runs()
+    procs = inputs.processes
+    records = inputs.runs()
     serving = [r for r in records if r["running"]]  # profiles sm120kit serves right now
     live, supervisors = {r["marker"] for r in serving if r.get("marker")}, {r.get("supervisor_pid") for r in serving}
     # Ours and over: a run recorded here whose supervisor is gone. A marker this state
