@@ -6,7 +6,9 @@ plan's findings and the patches the ledger says were lost)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import sys
 import textwrap
@@ -25,6 +27,7 @@ NARROWEST = 40  # a terminal narrower than this gets 40: wrapping further helps 
 NARROWEST_COLUMN = 8
 OPEN = "open"  # no upstream release fixes the bug: the one word for it in every table
 NONE = "-"  # no value: no file, no installed version
+_fitted: int | None = None  # the width `try` gives the commands it runs inside its own output (fitted_to)
 
 
 def output_width(wide: bool = False) -> int | None:
@@ -33,9 +36,46 @@ def output_width(wide: bool = False) -> int | None:
     it in the environment of any process that loads it, and its children inherit it."""
     if wide:
         return None
+    if _fitted is not None:
+        return _fitted
     if sys.stdout.isatty():
         return max(NARROWEST, shutil.get_terminal_size((NOT_A_TERMINAL, 24)).columns)
     return NOT_A_TERMINAL
+
+
+def stderr_is_a_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+def error_width(wide: bool = False) -> int | None:
+    """The width to fit errors, `next:` hints and warnings on stderr to: stderr's terminal
+    ($COLUMNS first) when stderr is one. Else none: a message to a log or a pipe stays one
+    line, for grep and for log collectors (a table on stdout is fitted there, not these)."""
+    if wide:
+        return None
+    if _fitted is not None:
+        return _fitted
+    if not stderr_is_a_terminal():
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    if not (columns.isdigit() and int(columns) > 0):
+        try:
+            columns = os.get_terminal_size(sys.stderr.fileno()).columns
+        except (OSError, ValueError):
+            columns = NOT_A_TERMINAL
+    return max(NARROWEST, int(columns))
+
+
+@contextlib.contextmanager
+def fitted_to(width: int):
+    """output_width and error_width give `width` meanwhile, whatever stdout and stderr are:
+    for a command whose output goes inside another's, indented (`try`)."""
+    global _fitted
+    saved, _fitted = _fitted, width
+    try:
+        yield
+    finally:
+        _fitted = saved
 
 
 def wrap(text: str, width: int | None, indent: str = "", hanging: str = "  ") -> str:
@@ -119,10 +159,17 @@ def emit_json(doc: dict) -> None:
     sys.stdout.write("\n")
 
 
-def print_warnings(warnings: Iterable[str]) -> None:
-    """The renderer's warnings about a profile, one `warning:` line each on stderr."""
+def print_warnings(warnings: Iterable[str], wide: bool = False) -> None:
+    """Warnings, one `warning:` message each on stderr, wrapped to its width (error_width)."""
+    width = error_width(wide)
     for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        print(wrap(f"warning: {warning}", width), file=sys.stderr)
+
+
+def error_text(message: str, wide: bool = False) -> str:
+    """A message for stderr (`sm120kit: error: ...` and its `  next:` line) wrapped to its
+    width, continuation lines indented."""
+    return wrap(message, error_width(wide))
 
 
 def _first_line(text: str, debug: bool) -> str:
@@ -286,14 +333,13 @@ def _lost_outcome(lost: Lost, now: Finding) -> str:
 def print_cache_notes(result, width: int | None = None) -> None:
     for path in result.jit_cache_removed:
         print(wrap(f"removed the JIT cache {path}: its kernels were built from the old sources", width))
-    for warning in result.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+    print_warnings(result.warnings, wide=width is None)
 
 
 def print_plan(plan: Plan, debug: bool, width: int | None = None) -> None:
     print(wrap(f"target: {plan.target.description}", width))
     for problem in plan.blockers:
-        print(f"error: {problem}", file=sys.stderr)
+        print(error_text(f"error: {problem}", wide=width is None), file=sys.stderr)
     for message in lost_messages(plan):
         print(wrap(message, width))
     print_cache_notes(plan, width)
@@ -400,17 +446,21 @@ def ps_row(run: dict) -> list[str]:
         if health
         else "-"
     )
-    pid = run.get("supervisor_pid", "-")
-    supervisor = str(pid) if run.get("running") else "-" if run.get("status") in TERMINAL else f"{pid} (gone)"
-    return [
-        run.get("profile", "?"),
-        run.get("status", "?"),
+    pid = run.get("supervisor_pid")
+    if pid is None or (run.get("status") in TERMINAL and not run.get("running")):
+        supervisor = "-"
+    else:
+        supervisor = str(pid) if run.get("running") else f"{pid} (gone)"
+    restarts, host, port = run.get("restarts"), run.get("host"), run.get("port")
+    return [  # "-" for what the record does not hold (a damaged one holds little): never an invented value
+        str(run.get("profile") or "-"),
+        str(run.get("status") or "-"),
         supervisor,
         str(run.get("server_pid") or "-"),
         _ago(run.get("since")),
-        str(run.get("restarts", 0)),
+        "-" if restarts is None else str(restarts),
         last,
-        f"{run.get('host', '?')}:{run.get('port', '?')}",
+        "-" if port is None else f"{host or '-'}:{port}",
     ]
 
 

@@ -185,6 +185,20 @@ def _unique_dirs(paths: list[str]) -> list[Path]:
 PYTHON_TIMEOUT_S = 60.0
 
 
+def _executable(python: str) -> str:
+    """--python's program: a name with a slash is a path (a relative one made absolute, so
+    that messages say which file); a bare name is looked up on PATH as a shell would, and,
+    when PATH has no such program, taken as a file in the current directory if one is there."""
+    import os
+    import shutil
+
+    if os.sep in python or python.startswith("~"):
+        return str(Path(python).expanduser().absolute())
+    if shutil.which(python) is None and Path(python).exists():
+        return str(Path(python).absolute())
+    return python
+
+
 def _ask_site_dirs(python: str) -> list[str]:
     """Ask `python` where its packages live. It runs in a session of its own, so that a
     wrapper that hangs is stopped with everything it started."""
@@ -193,16 +207,23 @@ def _ask_site_dirs(python: str) -> list[str]:
     import subprocess
 
     hint = "pass the python executable of the environment, e.g. --python /opt/venv/bin/python"
+    exe = _executable(python)
+    shown = python if exe == python else f"{python} ({exe})"
+    path = Path(exe)
+    if path.is_absolute() and path.exists() and (path.is_dir() or not os.access(path, os.X_OK)):
+        what = "a directory" if path.is_dir() else "a file without execute permission"
+        raise UserError(f"--python {shown}: not an executable python ({what})", hint)
     try:
         proc = subprocess.Popen(
-            [python, "-c", _SITE_QUERY],
+            [exe, "-c", _SITE_QUERY],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
         )
     except OSError as exc:
-        raise UserError(f"--python {python}: cannot run it ({exc.strerror or exc})", hint) from None
+        where = " on PATH or in the current directory" if not Path(exe).is_absolute() else ""
+        raise UserError(f"--python {shown}: cannot run it ({exc.strerror or exc}{where})", hint) from None
     try:
         out, err = proc.communicate(timeout=PYTHON_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -210,7 +231,7 @@ def _ask_site_dirs(python: str) -> list[str]:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         raise UserError(
-            f"--python {python}: no answer within {PYTHON_TIMEOUT_S:g} s; it was stopped, with what it started", hint
+            f"--python {shown}: no answer within {PYTHON_TIMEOUT_S:g} s; it was stopped, with what it started", hint
         ) from None
     finally:
         with contextlib.suppress(OSError):  # what it left running in its session goes too
@@ -218,13 +239,21 @@ def _ask_site_dirs(python: str) -> list[str]:
     try:
         if proc.returncode:
             raise ValueError(f"exit {proc.returncode}: {err.strip().splitlines()[-1] if err.strip() else 'no message'}")
-        paths = json.loads(out)
-        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-            raise ValueError("not a list of directories")
     except ValueError as exc:
         raise UserError(
-            f"--python {python}: could not ask that interpreter for its site directories ({exc})", hint
+            f"--python {shown}: could not ask that interpreter for its site directories ({exc})", hint
         ) from None
+    try:
+        paths = json.loads(out)
+    except ValueError:
+        paths = None
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        said = repr(out.strip().splitlines()[0][:80]) if out.strip() else "nothing"
+        raise UserError(
+            f"--python {shown}: did not answer as a Python interpreter would "
+            f"(asked for its site directories, it printed {said}): it is not the environment's python",
+            "give the environment's python, e.g. --python /opt/venv/bin/python",
+        )
     return paths
 
 
@@ -235,9 +264,10 @@ def resolve_target(python: str | None = None, site: str | None = None) -> Target
     if site:
         path = Path(site).expanduser()
         if not path.is_dir():
-            raise UserError(f"--site {site}: no such directory", "point --site at a site-packages directory")
+            what = "is not a directory" if path.exists() else "no such directory"
+            raise UserError(f"--site {site}: {what}", "point --site at a site-packages directory")
         return Target(f"site {path.resolve()}", [path.resolve()])
     if python:
-        return Target(f"python {python}", _unique_dirs(_ask_site_dirs(python)))
+        return Target(f"python {_executable(python)}", _unique_dirs(_ask_site_dirs(python)))
     paths = sysconfig.get_paths()
     return Target(f"python {sys.executable}", _unique_dirs([paths["purelib"], paths["platlib"], *sys.path]))

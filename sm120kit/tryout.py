@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sm120kit import wheels
+from sm120kit import report, wheels
 from sm120kit.errors import UserError
 from sm120kit.exit_codes import ExitCode
 
@@ -255,13 +255,17 @@ def _stderr(err: str, known: str = "") -> str:
 class _Runner:
     """Runs the steps: each command in-process, its output echoed (indented, trimmed)."""
 
-    def __init__(self, cycle: Cycle, site: Path, echo: Callable[[str], None] | None, debug: bool) -> None:
+    def __init__(
+        self, cycle: Cycle, site: Path, echo: Callable[[str], None] | None, debug: bool, width: int | None = None
+    ) -> None:
         self.cycle, self.site, self.echo, self.debug = cycle, site, echo, debug
-        self.width = max(shutil.get_terminal_size((100, 24)).columns, 104) - 4  # the commands print 100 wide
+        # The commands print fitted to the transcript's width less the 4 columns they are indented by.
+        self.outer = width or report.NOT_A_TERMINAL
+        self.width = max(self.outer - 4, report.NARROWEST)
 
     def show(self, command: str, output: str) -> None:
         if self.echo:
-            self.echo(f"\n$ {command}")
+            self.echo("\n" + report.wrap(f"$ {command}", self.outer, hanging="    "))
             for line in _trim(output, self.width):
                 self.echo(f"    {line}")
 
@@ -271,7 +275,11 @@ class _Runner:
 
         argv = (*argv, "--site", str(self.site), *(["--json"] if as_json else []), *(["--debug"] if self.debug else []))
         out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out if not as_json else err):
+        with (
+            report.fitted_to(self.width),
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(out if not as_json else err),
+        ):
             code = main(list(argv))
         if code == ExitCode.INTERRUPTED:
             raise Interrupted
@@ -473,13 +481,19 @@ def _steps(cycle: Cycle) -> list[tuple[Step, Callable[[_Runner, Step], str]]]:
     ]
 
 
-def _echo_header(echo: Callable[[str], None], cycle: Cycle, site: Path) -> None:
-    echo("sm120kit try: the patch cycle on real sglang releases, in a scratch site")
-    echo(f"    on {_pair(cycle.old)}, then the upgrade to {_pair(cycle.new)}")
-    echo(f"wheels (cache: {wheels.cache_dir()}):")
-    for w in cycle.wheels:
-        echo(f"    {w.package} {w.version}: {'downloaded' if w.downloaded else 'cached'}, {w.path.name}")
-    echo(f"scratch site: SITE={site}")
+def _echo_header(echo: Callable[[str], None], cycle: Cycle, site: Path, width: int | None) -> None:
+    lines = [
+        "sm120kit try: the patch cycle on real sglang releases, in a scratch site",
+        f"    on {_pair(cycle.old)}, then the upgrade to {_pair(cycle.new)}",
+        f"wheels (cache: {wheels.cache_dir()}):",
+        *(
+            f"    {w.package} {w.version}: {'downloaded' if w.downloaded else 'cached'}, {w.path.name}"
+            for w in cycle.wheels
+        ),
+        f"scratch site: SITE={site}",
+    ]
+    for line in lines:
+        echo(report.wrap(line, width))
 
 
 def _run_steps(runner: _Runner) -> None:
@@ -522,12 +536,15 @@ def run(
     echo: Callable[[str], None] | None = print,
     note: Callable[[str], None] = lambda line: None,
     debug: bool = False,
+    width: int | None = None,
 ) -> Cycle:
     """The cycle, ending on `release` (default: the newest proven). `echo` gets the
-    transcript line by line (None: silent), `note` the download progress. Bad input (the
+    transcript line by line (None: silent), fitted to `width` (default: output_width's),
+    `note` the download progress. Bad input (the
     release, a --dir that is missing or not writable) is a UserError raised before any
     download; so is a wheel that cannot be fetched, which leaves nothing behind on disk."""
     started = time.monotonic()
+    width = width or report.output_width()
     old, new = resolve_release(release)
     scratch = _make_scratch(parent)
     try:
@@ -537,11 +554,11 @@ def run(
         raise
     cycle = Cycle(before, after, fetched)
     site = scratch / "site-packages"
-    if echo:
-        _echo_header(echo, cycle, site)
-    try:
+    try:  # from here on the scratch dir goes, whatever happens (a reader gone at the header too)
+        if echo:
+            _echo_header(echo, cycle, site, width)
         with _scratch_env(scratch):
-            _run_steps(_Runner(cycle, site, echo, debug))
+            _run_steps(_Runner(cycle, site, echo, debug, width))
     finally:
         if keep:
             cycle.scratch = scratch

@@ -329,3 +329,119 @@ def test_the_readme_patch_table_is_what_patches_prints():
             report.release_span(r.versions for r in p.rewrites),
             report.fixed_in_text(p),
         ], patch_id
+
+
+# -- errors, warnings and argparse's mistakes --------------------------------------------
+
+
+@pytest.fixture
+def stderr_is_a_terminal(monkeypatch, capsys):
+    """stderr is a terminal 100 columns wide (pytest's capture stands in for it)."""
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
+    monkeypatch.setattr(report, "stderr_is_a_terminal", lambda: True)
+
+
+def fits(text: str, width: int = WIDTH) -> bool:
+    return all(len(line) <= width for line in text.splitlines())
+
+
+@pytest.mark.parametrize(
+    "argv, first",
+    [
+        (["status", "--only", "nope"], "sm120kit: error: --only: unknown patch id 'nope'"),
+        (["profile", "show", "nope"], "sm120kit: error: unknown profile 'nope'"),
+        (["profile", "show", "glm5-nvfp4", "--set", "engine.nope=1"], "sm120kit: error: --set 'engine.nope=1'"),
+    ],
+)
+def test_an_error_wraps_to_100_columns_with_its_next_line(argv, first, cli, stderr_is_a_terminal):
+    code, out, err = cli(*argv)
+    assert code == 2 and out == ""
+    assert err.startswith(first) and fits(err), err
+    lines = err.splitlines()
+    assert len(lines) > 2 and all(line.startswith("  ") for line in lines[1:])  # continued, indented
+    assert sum(line.startswith("  next: ") for line in lines) == 1
+
+
+def test_wide_keeps_an_error_on_one_line(cli, stderr_is_a_terminal):
+    _, _, err = cli("status", "--wide", "--only", "nope")
+    error, hint = err.splitlines()
+    assert len(error) > WIDTH and error.endswith("sglang-triton-smem-sm120") and hint.startswith("  next: ")
+
+
+def test_to_a_pipe_an_error_stays_one_line_for_grep(cli):
+    _, _, err = cli("status", "--only", "nope")
+    error, hint = err.splitlines()
+    assert len(error) > WIDTH and hint.startswith("  next: ")
+
+
+def test_warnings_and_internal_errors_wrap(monkeypatch, capsys, cli, stderr_is_a_terminal):
+    report.print_warnings(["the fp8 KV cache " * 12])
+    err = capsys.readouterr().err
+    assert err.startswith("warning: the fp8") and fits(err) and len(err.splitlines()) > 1
+    report.print_warnings(["the fp8 KV cache " * 12], wide=True)
+    assert len(capsys.readouterr().err.splitlines()) == 1
+
+    def boom(args):
+        raise RuntimeError("a bug " * 40)
+
+    monkeypatch.setattr("sm120kit.cli.profiles.cmd_profile_schema", boom)
+    code, _, err = cli("profile", "schema")
+    assert code == 2 and err.startswith("sm120kit: internal error: RuntimeError: a bug") and fits(err)
+    assert err.splitlines()[-1] == "  rerun with --debug for the traceback and report it"
+
+
+@pytest.mark.parametrize(
+    "argv, command, error",
+    [
+        (["status", "--bogus"], "status", "unrecognized arguments: --bogus"),
+        (["status", "--only"], "status", "argument --only: expected one argument"),
+        (["diagnose", "log", "--tail", "x"], "diagnose", "argument --tail: invalid int value: 'x'"),
+        (["profile", "show", "glm5-nvfp4", "--bogus"], "profile show", "unrecognized arguments: --bogus"),
+        (["bogus"], "", "argument COMMAND: invalid choice: 'bogus'"),
+    ],
+)
+def test_an_argparse_error_gives_the_commands_usage_and_the_next_step(
+    argv, command, error, capsys, stderr_is_a_terminal
+):
+    from sm120kit.cli import main
+
+    prog = f"sm120kit {command}".strip()
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err.startswith(f"usage: {prog} [-h]")
+    assert f"{prog}: error: {error}" in err and err.splitlines()[-1] == f"  next: {prog} --help" and fits(err)
+
+
+def test_the_top_help_lists_every_exit_code():
+    epilog = build_parser().epilog
+    for code in ("0 ok", "1 something", "2 an error", "3 the server", "130 interrupted", "141 the reader"):
+        assert code in " ".join(epilog.split()), code
+
+
+def test_profile_show_wraps_its_comment(tmp_path, cli):
+    # "# glm5-nvfp4  (PATH)" is over 100 columns; "# (PATH)" alone fits (a path is never broken).
+    deep = tmp_path / ("d" * (90 - len(str(tmp_path / "x/glm5-nvfp4.toml"))))
+    deep.mkdir()
+    (deep / "glm5-nvfp4.toml").write_text((ROOT / "profiles" / "glm5-nvfp4.toml").read_text())
+    code, out, _ = cli("profile", "show", "glm5-nvfp4", "--profile-dir", deep)
+    assert code == 0
+    comment = [line for line in out.splitlines() if line.startswith("#")]
+    assert len(comment) > 1 and fits("\n".join(comment)) and comment[1] == f"# ({deep / 'glm5-nvfp4.toml'})"
+    assert json.loads(out.split("\n", len(comment))[-1])["extends"] == "sm120-base"  # the body as it was
+
+
+def test_a_table_fills_its_width_exactly_and_no_more(cli):
+    """A row as wide as the width stays on one line (`patches` indents its file tables by 2 and
+    fits them to 98: 100 characters; "–" is one column, three bytes); one column less and its
+    path wraps."""
+    path = "sglang/srt/models/deepseek_common/attention_forward_methods/forward_mha.py"
+    row = [["0.5.9–0.5.23", "open", path]]
+    headers = ["RELEASES", "FIXED IN", "FILE"]
+    line = f"0.5.9–0.5.23  open      {path}"
+    assert report.table(headers, row, len(line), narrow=(2,)).splitlines()[1:] == [line]
+    assert len(report.table(headers, row, len(line) - 1, narrow=(2,)).splitlines()) == 3
+    _, out, _ = cli("patches")
+    rows = [r for r in out.splitlines() if r.endswith("forward_mha.py")]
+    assert rows and all(len(r) <= WIDTH for r in rows)

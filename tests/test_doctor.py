@@ -209,8 +209,49 @@ def test_the_recorded_h200_is_not_an_sm120_node(cli, tmp_path):
         "1 GPU(s): 0: NVIDIA H200 (CC 9.0, 140 GiB) — profile glm5-nvfp4 needs 8 GPUs, 1 found; "
         "profile glm5-nvfp4 is for compute capability 12.0 (SM120); GPU 0 is not"
     )
-    code, out = run(cli, tmp_path, doc, node(tmp_path / "root2"))
+    code, out = run(cli, tmp_path, doc, node(tmp_path / "root2"))  # without a profile: a warning, not a failure
+    g = checks(out)["gpus"]
+    assert code == 0 and g["status"] == "warn" and "GPU 0 is not SM120 (compute capability 12.x)" in g["detail"]
+    assert "sm120kit's patches and profiles target SM120" in g["detail"] and "SM120 node" in g["fix"]
+
+
+def test_an_sm120_node_without_a_profile_is_ok(cli, tmp_path):
+    code, out = run(cli, tmp_path, SM120, node(tmp_path / "root"))
     assert code == 0 and checks(out)["gpus"]["status"] == "ok"
+
+
+def test_numa_nodes_unknown_here_are_said_so_never_grouped(cli, tmp_path):
+    """--nvml of another node without --root of its /sys: no numa_node for the GPUs here,
+    so no "groups" and no socket warning, though NVML's matrix says SYS; the matrix's NUMA
+    column shows "?"."""
+    tree = node(tmp_path / "root")
+    for b in BUS:
+        (tree / f"sys/bus/pci/devices/0000:{b}:00.0/numa_node").unlink()
+    code, out = run(cli, tmp_path, SM120, tree)
+    t = checks(out)["topology"]
+    assert code == 0 and t["status"] == "info", t
+    assert t["detail"].startswith("the NUMA node of each GPU is unknown here (no /sys/bus/pci/devices/")
+    assert "--root" in t["detail"] and "groups" not in t["detail"] and "socket" not in t["detail"]
+    path = tmp_path / "nvml.json"
+    code, text, _ = cli("doctor", "--nvml", path, "--root", tree, "--wide")
+    header = next(line for line in text.splitlines() if line.lstrip().startswith("GPU0"))
+    assert header.split()[-1] == "NUMA" and all(
+        line.split()[-1] == "?" for line in text.splitlines() if line.startswith("GPU") and "X" in line.split()
+    )
+
+
+def test_one_known_numa_node_does_not_warn_about_sockets(cli, tmp_path):
+    tree = node(tmp_path / "root")
+    for b in BUS:
+        (tree / f"sys/bus/pci/devices/0000:{b}:00.0/numa_node").write_text("0\n")
+    _, out = run(cli, tmp_path, SM120, tree)
+    t = checks(out)["topology"]
+    assert t["status"] == "ok" and t["detail"] == "NUMA 0: GPU 0-7"
+    tree2 = node(tmp_path / "root2")  # the first four known, the rest not: no groups claimed either
+    for b in BUS[4:]:
+        (tree2 / f"sys/bus/pci/devices/0000:{b}:00.0/numa_node").unlink()
+    t = checks(run(cli, tmp_path, SM120, tree2)[1])["topology"]
+    assert t["status"] == "ok" and t["detail"] == "NUMA 0: GPU 0-3; unknown: GPU 4-7"
 
 
 def test_gpu_processes_and_visible_devices(cli, tmp_path, monkeypatch):
@@ -246,18 +287,24 @@ def test_one_screen(cli, tmp_path):
     assert lines[-1] == f"1 failed, {warnings} warning(s)"
 
 
+def flat(cli, *args) -> tuple[int, str, str]:
+    """The command's exit code, output and error, with the error's wrapping undone."""
+    code, out, err = cli(*args)
+    return code, out, " ".join(err.split())
+
+
 def test_bad_input(cli, tmp_path):
-    code, _, err = cli("doctor", "--profile", "glm5-nvfpx")
+    code, _, err = flat(cli, "doctor", "--profile", "glm5-nvfpx")
     assert code == 2 and "glm5-nvfp4" in err
-    code, _, err = cli("doctor", "--nvml", tmp_path / "missing.json")
+    code, _, err = flat(cli, "doctor", "--nvml", tmp_path / "missing.json")
     assert code == 2 and "cannot read an NVML document" in err and "Traceback" not in err
     (tmp_path / "other.json").write_text('{"checks": []}')
-    code, _, err = cli("doctor", "--nvml", tmp_path / "other.json")
+    code, _, err = flat(cli, "doctor", "--nvml", tmp_path / "other.json")
     assert code == 2 and "not an NVML document" in err
-    code, _, err = cli("doctor", "--root", tmp_path / "nope")
+    code, _, err = flat(cli, "doctor", "--root", tmp_path / "nope")
     assert code == 2 and "no such directory" in err
     (tmp_path / "empty").mkdir()
-    code, out, err = cli("doctor", "--root", tmp_path / "empty")  # it once read as "bare metal"
+    code, out, err = flat(cli, "doctor", "--root", tmp_path / "empty")  # it once read as "bare metal"
     assert code == 2 and "holds neither proc/ nor sys/, so it is no copy of a node" in err and not out
 
 
@@ -282,7 +329,7 @@ def test_an_nvml_document_with_wrong_types_is_refused(cli, tmp_path, damage, say
     doc = json.loads(json.dumps(SM120))
     damage(doc)
     (tmp_path / "bad.json").write_text(json.dumps(doc))
-    code, out, err = cli("doctor", "--nvml", tmp_path / "bad.json", "--root", node(tmp_path / "root"))
+    code, out, err = flat(cli, "doctor", "--nvml", tmp_path / "bad.json", "--root", node(tmp_path / "root"))
     assert code == 2 and "not an NVML document as `doctor --json` writes it" in err and says in err and not out
 
 

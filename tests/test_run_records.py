@@ -78,3 +78,19 @@ def test_since_is_a_date_from_two_hours_on(tmp_path, cli, monkeypatch):
     state.write_text(json.dumps({**run, "status": "stopped", "since": old}))
     code, out, _ = cli("ps", "--wide")
     assert code == 0 and time.strftime("%Y-%m-%d %H:%M", time.localtime(old)) in out and "h12m ago" not in out
+
+
+def test_a_damaged_record_shows_no_invented_values(tmp_path, cli, monkeypatch):
+    """A state.json that cannot be read is listed with "-" where it holds no value: no
+    RESTARTS 0, no PORT ?:?, no supervisor "(gone)"."""
+    from sm120kit import report
+
+    row = report.ps_row({"profile": "glm5-nvfp4", "status": "damaged", "running": False})
+    assert row == ["glm5-nvfp4", "damaged", "-", "-", "-", "-", "-", "-"]
+    monkeypatch.setenv("SM120KIT_STATE_DIR", str(tmp_path))
+    state = tmp_path / "serve" / "glm5-nvfp4" / "state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text("{not json")
+    code, out, err = cli("ps", "--wide")
+    assert code == 2 and "damaged" in out and "?:?" not in out and " 0 " not in out, out
+    assert "damaged run record" in err

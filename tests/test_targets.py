@@ -42,6 +42,45 @@ def test_python_target_that_does_not_run(cli, tmp_path):
     assert code == 2 and "cannot run it (No such file or directory)" in err
 
 
+def said(cli, *args) -> tuple[int, str, str]:
+    """The command's exit code, output and error, with the error's wrapping undone."""
+    code, out, err = cli(*args)
+    return code, out, " ".join(err.split())
+
+
+def test_python_target_that_is_a_plain_file_said_with_its_full_path(cli, tmp_path, monkeypatch):
+    """`--python server.log`: a file in the current directory, not on PATH, without execute
+    permission: not "No such file or directory", and the message names the file in full."""
+    (tmp_path / "server.log").write_text("INFO started\n")
+    monkeypatch.chdir(tmp_path)
+    for name in ("server.log", "./server.log"):
+        code, _, err = said(cli, "status", "--python", name)
+        assert code == 2 and "not an executable python (a file without execute permission)" in err, err
+        assert str(tmp_path / "server.log") in err and "No such file" not in err
+    code, _, err = said(cli, "status", "--python", tmp_path)
+    assert code == 2 and "not an executable python (a directory)" in err
+
+
+def test_python_target_that_is_not_python(cli, tmp_path):
+    """A program that runs but is no Python interpreter (/bin/true prints nothing): said so,
+    not a JSON decoder's "Expecting value"."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho hello\n")
+    fake.chmod(0o755)
+    for program, printed in ((shutil.which("true"), "nothing"), (fake, "'hello'")):
+        code, _, err = said(cli, "status", "--python", program)
+        assert code == 2 and "did not answer as a Python interpreter would" in err and printed in err, err
+        assert "Expecting value" not in err and "give the environment's python" in err
+
+
+def test_site_target_that_is_a_file(cli, tmp_path):
+    (tmp_path / "server.log").write_text("")
+    code, _, err = said(cli, "status", "--site", tmp_path / "server.log")
+    assert code == 2 and "is not a directory" in err and "no such directory" not in err
+    code, _, err = said(cli, "status", "--site", tmp_path / "nope")
+    assert code == 2 and "no such directory" in err
+
+
 def editable_install(site: Path, checkout: Path, version: str) -> None:
     """What `pip install -e python/` leaves: a dist-info whose RECORD lists no sources,
     a direct_url.json (PEP 610) naming the checkout, and the sources in the checkout."""

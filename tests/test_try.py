@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import tempfile
+from pathlib import Path
 
 import pytest
 from conftest import WINDOW, flashinfer_pin, patch_dir, wheel_bytes
@@ -25,9 +28,26 @@ OFFLINE = {
 }
 
 
-def test_the_cycle_on_the_newest_proven_release(tmp_path, cli):
-    code, out, err = cli("try", "--dir", tmp_path)
+def flat(text: str) -> str:
+    """A message as one line: what it says, whatever width it was wrapped to."""
+    return re.sub(r"\n +", " ", text)
+
+
+def test_the_cycle_on_the_newest_proven_release(cli):
+    # A short --dir: a path is never broken, and pytest's tmp_path alone is near 100 columns.
+    tmp_path = Path(tempfile.mkdtemp(prefix="try-", dir="/tmp"))
+    try:
+        code, out, err = cli("try", "--dir", tmp_path)
+        assert list(tmp_path.iterdir()) == []  # the scratch directory is gone
+    finally:
+        tmp_path.rmdir()
     assert code == 0, out + err
+    too_wide = [line for line in (out + err).splitlines() if len(line) > 100]  # the commands run 4 narrower
+    assert too_wide == [], "\n".join(too_wide)
+    assert out.splitlines()[1:3] == [  # the header wraps too
+        "    on sglang 0.5.22 + flashinfer-python 0.7.1, then the upgrade to sglang 0.5.23 +",
+        "      flashinfer-python 0.7.2",
+    ]
     transcript, summary = out.split("\nsm120kit try: the cycle on real release wheels", 1)
     # Each step is the real command, echoed with its output.
     for command in (
@@ -54,7 +74,6 @@ def test_the_cycle_on_the_newest_proven_release(tmp_path, cli):
     ):
         assert fact in summary, summary
     assert len(summary.splitlines()) <= 24  # one screen
-    assert list(tmp_path.iterdir()) == []  # the scratch directory is gone
 
 
 def test_json_and_keep_on_another_release(tmp_path, cli):
@@ -80,7 +99,7 @@ def test_keep_prints_the_site(tmp_path, cli):
     code, out, _ = cli("try", "--dir", tmp_path, "--keep")
     assert code == 0
     [scratch] = tmp_path.iterdir()
-    assert f"scratch site kept: SITE={scratch / 'site-packages'}" in out
+    assert f"scratch site kept: SITE={scratch / 'site-packages'}" in flat(out)
     # The site is the newest proven release, unpatched: status shows the patches to apply.
     assert (scratch / "site-packages" / PREFILL).read_bytes() == wheel_bytes(WINDOW[-1], PREFILL)
     assert cli("status", "--site", scratch / "site-packages")[0] == 1
@@ -93,6 +112,7 @@ def test_offline_is_a_clear_error_and_leaves_nothing(tmp_path, cli, monkeypatch)
     scratch_parent.mkdir()
     code, out, err = cli("try", "--dir", scratch_parent)
     assert code == 2 and out == ""
+    err = flat(err)
     assert (
         "sm120kit: error: cannot fetch sglang==0.5.22, which is not in the wheel cache "
         f"({tmp_path / 'empty-cache'}): cannot reach the package index for sglang==0.5.22 (no network?)"
@@ -126,12 +146,14 @@ def test_offline_names_the_wheel_it_lacks(tmp_path, cli, monkeypatch):
 )
 def test_a_release_outside_the_window_is_refused(tmp_path, cli, release, says):
     code, _, err = cli("try", "--release", release, "--dir", tmp_path)
+    err = flat(err)
     assert code == 2 and f"sm120kit: error: {says}" in err, err
     assert "next: choose one of 0.5.10" in err and list(tmp_path.iterdir()) == []
 
 
 def test_a_missing_dir_is_refused(tmp_path, cli):
     code, _, err = cli("try", "--dir", tmp_path / "nowhere")
+    err = flat(err)
     assert code == 2 and f"--dir {tmp_path / 'nowhere'}: not a directory" in err
 
 
@@ -152,6 +174,7 @@ def test_an_unwritable_dir_is_refused_before_any_download(tmp_path, cli, monkeyp
         monkeypatch.setattr(os, "mkdir", refused)
     code, out, err = cli("try", "--dir", parent)
     assert code == 2 and out == ""
+    err = flat(err)
     assert f"sm120kit: error: cannot make the scratch directory in --dir {parent}: Permission denied" in err
     assert "next: give --dir a directory you can write to" in err and "Traceback" not in err
     assert list(parent.iterdir()) == [] and not (tmp_path / "empty-cache").exists()
@@ -165,6 +188,7 @@ def test_a_wheel_cache_that_cannot_be_made_is_a_user_error(tmp_path, cli, monkey
     scratch_parent.mkdir()
     code, out, err = cli("try", "--dir", scratch_parent)
     assert code == 2 and out == "" and "internal error" not in err
+    err = flat(err)
     why = "a file, not a directory" if cache == "a-file" else "Not a directory"
     assert f"error: cannot use {tmp_path / cache} as the wheel cache ($SM120KIT_WHEEL_CACHE): {why}" in err
     assert "next: point $SM120KIT_WHEEL_CACHE at a directory you can write to" in err

@@ -14,6 +14,7 @@ import sys
 
 from sm120kit import __version__
 from sm120kit.cli import bench, doctor, patching, profiles, runs, serve, tryout
+from sm120kit.cli.args import Parser
 from sm120kit.exit_codes import ExitCode
 
 EPILOG = """\
@@ -22,11 +23,12 @@ read-only, for CI and Dockerfiles:     sm120kit patch --check
 the exact server command:              sm120kit serve glm5-nvfp4 --dry-run
 exit codes: 0 ok; 1 something to act on (a patch would change, a check failed, a known
   failure found, the server gave up); 2 an error or bad input; 3 the server left something
-  behind; 130 interrupted. `sm120kit COMMAND --help` says what each means there."""
+  behind; 130 interrupted (Ctrl-C); 141 the reader of the output went away (`| head`).
+  `sm120kit COMMAND --help` says what each means there."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> Parser:
+    parser = Parser(
         prog="sm120kit",
         description="Patch and launch sglang on SM120 nodes (RTX PRO 6000 Blackwell, RTX 5090).",
         epilog=EPILOG,
@@ -41,11 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # the command's own parser says so, with its usage (parse_args would give the top one's)
+        parser.chosen(args).error(f"unrecognized arguments: {' '.join(extras)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return ExitCode.ERROR
+    from sm120kit import report
     from sm120kit.errors import UserError, internal_error
+
+    wide = getattr(args, "wide", False)
 
     try:
         return args.func(args)
@@ -54,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             import json
 
             print(json.dumps({"error": exc.message, "hint": exc.hint, "exit_code": int(ExitCode.ERROR)}))
-        print(f"sm120kit: error: {exc}", file=sys.stderr)
+        print(report.error_text(f"sm120kit: error: {exc}", wide), file=sys.stderr)
         return ExitCode.ERROR
     except KeyboardInterrupt:
         print("sm120kit: interrupted", file=sys.stderr)
@@ -67,5 +74,5 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug: say so plainly; the traceback is for --debug
         if args.debug:
             raise
-        print(internal_error(exc), file=sys.stderr)
+        print(report.error_text(internal_error(exc), wide), file=sys.stderr)
         return ExitCode.ERROR

@@ -7,9 +7,34 @@ options."""
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Mapping
 
 from sm120kit.exit_codes import ExitCode
+
+
+class Parser(argparse.ArgumentParser):
+    """A parser whose errors read as every other error does: the usage of the command that
+    was given (its subcommands are Parsers too: add_subparsers makes them of this class),
+    the error, and the next step; exit 2."""
+
+    def error(self, message: str):
+        from sm120kit import report
+
+        self.print_usage(sys.stderr)
+        print(report.error_text(f"{self.prog}: error: {message}\n  next: {self.prog} --help"), file=sys.stderr)
+        sys.exit(ExitCode.ERROR)
+
+    def chosen(self, args: argparse.Namespace) -> argparse.ArgumentParser:
+        """The (sub)command the parsed args name, `profile show` included: the parser whose
+        usage an error in them belongs to."""
+        parser = self
+        while True:
+            verbs = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+            name = getattr(args, verbs.dest, None) if verbs and verbs.dest != argparse.SUPPRESS else None
+            if name not in getattr(verbs, "choices", {}):
+                return parser
+            parser = verbs.choices[name]
 
 
 class HelpFormatter(argparse.HelpFormatter):

@@ -103,7 +103,11 @@ def cmd_profile_show(args) -> int:
     if args.json:
         print(json.dumps({"name": profile.name, "source": profile.source, "profile": doc}, indent=2))
     else:
-        print(f"# {profile.name}  ({profile.source})")
+        from sm120kit import report
+
+        width = report.output_width(getattr(args, "wide", False))
+        comment = report.wrap(f"{profile.name}  ({profile.source})", width and width - 2, hanging="")
+        print("\n".join(f"# {line}" for line in comment.splitlines()))  # a comment on every line of it
         print(json.dumps(doc, indent=2))
     return ExitCode.OK
 
@@ -147,7 +151,7 @@ def cmd_profile_check(args) -> int:
     if args.json:
         report.emit_json({"profile": args.name, "ok": True, **launch.as_json()})
         return ExitCode.OK
-    report.print_warnings(launch.warnings)
+    report.print_warnings(launch.warnings, getattr(args, "wide", False))
     print(f"profile {args.name}: ok for sglang {launch.sglang} ({len(launch.argv) - 3} arguments)")
     return ExitCode.OK
 

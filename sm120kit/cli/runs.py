@@ -91,7 +91,8 @@ def cmd_diagnose(args) -> int:
         return code
     width = report.output_width(args.wide)
     if not found:
-        print(report.wrap(f"no known SM120 failure signature in the last {args.tail} lines of {args.log}", width))
+        source = "standard input" if args.log == "-" else args.log
+        print(report.wrap(f"no known SM120 failure signature in the last {args.tail} lines of {source}", width))
     for d in found:
         print(report.wrap(f"{d.id}: {d.title}", width))
         print(report.wrap(f"  log:    {d.line}", width, hanging="        "))

@@ -71,7 +71,7 @@ def cmd_serve(args) -> int:
         if args.json:
             report.emit_json(launch.as_json())
             return ExitCode.OK
-        report.print_warnings(launch.warnings)
+        report.print_warnings(launch.warnings, args.wide)
         print(launch.shell())
         return ExitCode.OK
     options = command.ServeOptions(

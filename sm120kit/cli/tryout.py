@@ -57,6 +57,7 @@ def cmd_try(args) -> int:
     def note(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    width = report.output_width()
     cycle = tryout.run(
         args.release,
         Path(args.dir) if args.dir else None,
@@ -64,10 +65,11 @@ def cmd_try(args) -> int:
         echo=None if args.json else lambda line: print(line, flush=True),
         note=note,
         debug=args.debug,
+        width=width,
     )
     if args.json:
         report.emit_json(cycle.as_json())
     else:
         print()
-        print(cycle.summary())
+        print(report.wrap(cycle.summary(), width))
     return cycle.exit_code

@@ -155,9 +155,11 @@ def plan(
     if patches and not installed:
         names = sorted(by_package)
         missing = f"{names[0]} is not installed" if len(names) == 1 else f"none of {', '.join(names)} is installed"
-        raise UserError(
-            f"{missing} in {target.description}: nothing to do",
-            "point sm120kit at the serving environment with --python /path/to/venv/bin/python or --site DIR",
+        what = "nothing sm120kit patches is here" if len(names) > 1 else "nothing the chosen patches change is here"
+        raise UserError(  # almost always the wrong environment (no --python): an error, not "nothing to do"
+            f"{missing} in {target.description}: {what}",
+            "point at the serving environment: --python EXE or --site DIR; "
+            "or try the whole cycle without a GPU: sm120kit try",
         )
     return result
 

@@ -76,6 +76,15 @@ def gpus(inputs) -> Check:
     if profile is None:
         if not seen:
             return Check("gpus", Status.FAIL, detail, "check `nvidia-smi` and CUDA_VISIBLE_DEVICES")
+        if other := [g.index for g in seen if not g.compute_capability.startswith("12.")]:
+            return Check(
+                "gpus",
+                Status.WARN,
+                detail + f" — GPU {ranges(other)} is not SM120 (compute capability 12.x): sm120kit's patches and "
+                "profiles target SM120, so its profiles do not fit here and its patches may not be what this GPU needs",
+                "run sm120kit on an SM120 node (RTX PRO 6000 Blackwell, RTX 50xx), or check a profile's own "
+                "requirements with --profile NAME",
+            )
         return Check("gpus", Status.OK, detail)
     who = f"profile {profile.name}" if profile.name else "the profile"
     hardware = _hardware_problems(profile, who, seen, "found" if len(seen) == len(node.gpus) else "visible")
@@ -190,23 +199,40 @@ def numa_of(node, bus_id: str) -> int | None:
 
 
 def topology(inputs) -> Check:
+    """The NUMA node of each GPU (from /sys): GPUs on two or more sockets need NCCL_P2P_LEVEL=SYS
+    to keep P2P between them. Unknown NUMA nodes (NVML replayed on another machine, or no
+    /sys entry) are said to be unknown, never grouped."""
     node, profile = inputs.node, inputs.profile
     if len(node.gpus) < 2:
         return Check("topology", Status.INFO, "fewer than two GPUs")
     numa = {g.index: numa_of(node, g.pci_bus_id) for g in node.gpus}
-    groups: dict = {}
-    for i, n in numa.items():
-        groups.setdefault(n, []).append(i)
-    detail = "NUMA " + "; ".join(
-        f"{'?' if n is None or n < 0 else n}: GPU {ranges(ix)}"
-        for n, ix in sorted(groups.items(), key=lambda kv: str(kv[0]))
-    )
-    across = any(level == "across-sockets" for row in node.nvml.topology for level in row if level)
     data = {"numa": numa}
-    if not across and len([n for n in groups if n is not None and n >= 0]) <= 1:
+    groups: dict[int, list[int]] = {}
+    for i, n in numa.items():
+        if n is not None and n >= 0:
+            groups.setdefault(n, []).append(i)
+    missing = [i for i, n in numa.items() if n is None]
+    unset = [i for i, n in numa.items() if n is not None and n < 0]
+    parts = [f"{n}: GPU {ranges(ix)}" for n, ix in sorted(groups.items())]
+    if missing:
+        parts.append(f"unknown: GPU {ranges(missing)}")
+    if unset:
+        parts.append(f"none given (-1): GPU {ranges(unset)}")
+    detail = "NUMA " + "; ".join(parts)
+    if not groups and missing:
+        return Check(
+            "topology",
+            Status.INFO,
+            "the NUMA node of each GPU is unknown here (no /sys/bus/pci/devices/<bus id>/numa_node); "
+            "run doctor on the node, or --root a copy of its /sys",
+            data=data,
+        )
+    if not groups:
+        return Check("topology", Status.INFO, "the kernel gives no NUMA node for the GPUs (numa_node is -1)", data=data)
+    if len(groups) < 2:
         return Check("topology", Status.OK, detail, data=data)
     level = (profile.env if profile else {}).get("NCCL_P2P_LEVEL") or node.env.get("NCCL_P2P_LEVEL")
-    detail += ": peer traffic between the groups crosses the CPU socket"
+    detail += f": GPUs on {len(groups)} NUMA nodes; peer traffic between them crosses the CPU socket"
     if level != "SYS":
         return Check(
             "topology",
