@@ -107,24 +107,17 @@ def server(tmp_path_factory, env_python):
     served.cleanup()
 
 
-def bench(server: Served, out: Path, plan: dict, *extra: str) -> subprocess.CompletedProcess:
-    argv = [
-        sys.executable,
-        "-m",
-        "sm120kit",
-        "bench",
-        "standin",
-        "--python",
-        str(server.python),
-        "--profile-dir",
-        str(PROFILES),
-        "--set",
-        f"server.port={server.port}",
-        "--out",
-        str(out),
-        "--wide",  # a level's error on one line, as the assertions read it
-        *extra,
+def bench_argv(server: Served, out: Path, *extra: str, port: int | None = None) -> list[str]:
+    """`sm120kit bench standin` against the stand-in (or nothing, on `port`)."""
+    port = server.port if port is None else port
+    return [
+        *(sys.executable, "-m", "sm120kit", "bench", "standin", "--python", str(server.python)),
+        *("--profile-dir", str(PROFILES), "--set", f"server.port={port}", "--out", str(out), *extra),
     ]
+
+
+def bench(server: Served, out: Path, plan: dict, *extra: str) -> subprocess.CompletedProcess:
+    argv = bench_argv(server, out, "--wide", *extra)  # --wide: a level's error on one line, as asserted
     env = {**server.env, "SGLANG_STANDIN_BENCH": json.dumps(plan)}
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
 
@@ -186,21 +179,7 @@ def test_failed_requests_and_a_crashed_level_are_reported_and_the_sweep_goes_on(
 
 
 def test_no_server_is_a_clear_error_before_any_level(server, tmp_path):
-    argv = [
-        sys.executable,
-        "-m",
-        "sm120kit",
-        "bench",
-        "standin",
-        "--python",
-        str(server.python),
-        "--profile-dir",
-        str(PROFILES),
-        "--set",
-        "server.port=1",
-        "--out",
-        str(tmp_path / "r"),
-    ]
+    argv = bench_argv(server, tmp_path / "r", port=1)
     done = subprocess.run(argv, capture_output=True, text=True, env=server.env)
     assert done.returncode == 2
     assert "no sglang server at http://127.0.0.1:1" in done.stderr and "nothing was benchmarked" in done.stderr
@@ -209,23 +188,7 @@ def test_no_server_is_a_clear_error_before_any_level(server, tmp_path):
 
 def test_ctrl_c_keeps_the_finished_levels(server, tmp_path):
     out = tmp_path / "r"
-    argv = [
-        sys.executable,
-        "-m",
-        "sm120kit",
-        "bench",
-        "standin",
-        "--python",
-        str(server.python),
-        "--profile-dir",
-        str(PROFILES),
-        "--set",
-        f"server.port={server.port}",
-        "--out",
-        str(out),
-        "--concurrency",
-        "32,64,128",
-    ]
+    argv = bench_argv(server, out, "--concurrency", "32,64,128")
     env = {
         **server.env,
         "SGLANG_STANDIN_BENCH": json.dumps({"total": {"32": 438, "64": 757, "128": 806}, "sleep_s": 3.0}),

@@ -24,25 +24,7 @@ def env_python(tmp_path_factory) -> Path:
 def test_serve_starts_the_server_for_the_sweep_and_stops_it(env_python, tmp_path):
     """--serve: `sm120kit serve` up until it generates, the sweep, then its clean stop."""
     s = Served(tmp_path / "own", env_python, {"load_s": 0.3}, [], [], {})
-    argv = [
-        sys.executable,
-        "-m",
-        "sm120kit",
-        "bench",
-        "standin",
-        "--serve",
-        "--python",
-        str(env_python),
-        "--profile-dir",
-        str(PROFILES),
-        "--no-gpu-check",
-        "--set",
-        f"server.port={s.port}",
-        "--out",
-        str(tmp_path / "r"),
-        "--concurrency",
-        "64,128",
-    ]
+    argv = bench_serve_argv(s, env_python, tmp_path / "r", "--concurrency", "64,128")
     env = {**s.env, "SGLANG_STANDIN_BENCH": json.dumps({"total": {"64": 757, "128": 806}})}
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -64,25 +46,7 @@ def test_serve_that_cannot_start_benchmarks_nothing(env_python, tmp_path):
         [],
         {},
     )
-    argv = [
-        sys.executable,
-        "-m",
-        "sm120kit",
-        "bench",
-        "standin",
-        "--serve",
-        "--python",
-        str(env_python),
-        "--profile-dir",
-        str(PROFILES),
-        "--no-gpu-check",
-        "--set",
-        f"server.port={s.port}",
-        "--set",
-        "health.max_restarts=0",
-        "--out",
-        str(tmp_path / "r"),
-    ]
+    argv = bench_serve_argv(s, env_python, tmp_path / "r", "--set", "health.max_restarts=0")
     done = subprocess.run(argv, capture_output=True, text=True, env=s.env, timeout=120)
     assert (
         done.returncode == 2
@@ -95,27 +59,9 @@ def test_serve_that_cannot_start_benchmarks_nothing(env_python, tmp_path):
 def test_a_server_with_an_api_key(env_python, tmp_path):
     """The profile's key goes to the client as OPENAI_API_KEY (what sglang's client sends)."""
     s = Served(tmp_path / "own", env_python, {"load_s": 0.2}, [], [], {"BENCH_KEY": "sk-bench-secret"})
-    argv = [
-        sys.executable,
-        "-m",
-        "sm120kit",
-        "bench",
-        "standin",
-        "--serve",
-        "--python",
-        str(env_python),
-        "--profile-dir",
-        str(PROFILES),
-        "--no-gpu-check",
-        "--set",
-        f"server.port={s.port}",
-        "--set",
-        "server.api_key_env=BENCH_KEY",
-        "--out",
-        str(tmp_path / "r"),
-        "--concurrency",
-        "64",
-    ]
+    argv = bench_serve_argv(
+        s, env_python, tmp_path / "r", "--set", "server.api_key_env=BENCH_KEY", "--concurrency", "64"
+    )
     env = {**s.env, "SGLANG_STANDIN_BENCH": json.dumps({"total": {"64": 757}})}
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
