@@ -374,15 +374,17 @@ def stop(
     With drain, the group leader (sglang's launcher) gets SIGTERM alone first: it drains
     in-flight requests and then kills its own tree. Its schedulers have no SIGTERM handler,
     so signalling them at once would cut the drain short. If the leader is not done by the
-    deadline, the rest get SIGTERM and GROUP_GRACE_S before SIGKILL."""
+    deadline, the rest get SIGTERM; they get at least GROUP_GRACE_S after the leader before SIGKILL."""
     began = time.monotonic()
     pids = members(pgid, tree) | set(pids)
     report = StopReport(processes=len(pids))
     deadline = began + timeout
     if drain and pgid:
         _send(None, {pgid}, signal.SIGTERM)
-        if _wait({pgid}, deadline, hurry, tick):
-            deadline = time.monotonic() + GROUP_GRACE_S
+        _wait({pgid}, deadline, hurry, tick)
+        # The rest get their grace after the leader, done or not: a leader that drained up
+        # to the deadline has just SIGKILLed its tree, which takes a moment to go.
+        deadline = max(deadline, time.monotonic() + GROUP_GRACE_S)
     alive = _alive(pids)
     if alive and not hurry():
         _send(pgid, alive, signal.SIGTERM)
