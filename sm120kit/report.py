@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import sys
 import textwrap
 import time
@@ -38,9 +37,18 @@ def output_width(wide: bool = False) -> int | None:
         return None
     if _fitted is not None:
         return _fitted
-    if sys.stdout.isatty():
-        return max(NARROWEST, shutil.get_terminal_size((NOT_A_TERMINAL, 24)).columns)
-    return NOT_A_TERMINAL
+    return _terminal_width(sys.stdout) if sys.stdout.isatty() else NOT_A_TERMINAL
+
+
+def _terminal_width(stream) -> int:
+    """$COLUMNS, else the terminal's width on `stream`; never narrower than NARROWEST."""
+    columns = os.environ.get("COLUMNS", "")
+    if not (columns.isdigit() and int(columns) > 0):
+        try:
+            columns = os.get_terminal_size(stream.fileno()).columns
+        except (OSError, ValueError):
+            columns = NOT_A_TERMINAL
+    return max(NARROWEST, int(columns))
 
 
 def stderr_is_a_terminal() -> bool:
@@ -55,15 +63,7 @@ def error_width(wide: bool = False) -> int | None:
         return None
     if _fitted is not None:
         return _fitted
-    if not stderr_is_a_terminal():
-        return None
-    columns = os.environ.get("COLUMNS", "")
-    if not (columns.isdigit() and int(columns) > 0):
-        try:
-            columns = os.get_terminal_size(sys.stderr.fileno()).columns
-        except (OSError, ValueError):
-            columns = NOT_A_TERMINAL
-    return max(NARROWEST, int(columns))
+    return _terminal_width(sys.stderr) if stderr_is_a_terminal() else None
 
 
 @contextlib.contextmanager
