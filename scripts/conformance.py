@@ -37,6 +37,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from sm120kit import __version__, wheels
@@ -54,13 +55,15 @@ class Release:
     flashinfer: str | None
     cells: dict[str, list[dict]] = field(default_factory=dict)  # patch id -> its status rows
     steps: dict[str, str] = field(default_factory=dict)  # lifecycle step -> "ok" or what failed
-    profiles: dict[str, str] = field(default_factory=dict)  # profile -> "ok ..." or "error: ..."
+    profiles: dict[str, str] = field(default_factory=dict)  # profile -> "ok ...", "n/a ..." or "error: ..."
 
     @property
     def failures(self) -> list[str]:
         bad = [f"{pid}: {_cell(rows)}" for pid, rows in self.cells.items() if not _cell_ok(rows)]
         bad += [f"{step}: {text}" for step, text in self.steps.items() if text != "ok"]
-        return bad + [f"profile {name}: {text}" for name, text in self.profiles.items() if not text.startswith("ok")]
+        return bad + [
+            f"profile {name}: {text}" for name, text in self.profiles.items() if not text.startswith(("ok", "n/a"))
+        ]
 
 
 def _cell_ok(rows: list[dict]) -> bool:
@@ -129,6 +132,10 @@ def check_release(release: Release, site: Path, profiles: list[str]) -> None:
     )
 
     for name in profiles:
+        floors = [x.version for x in SpecifierSet(load_profile(name).sglang or "") if x.operator == ">="]
+        if any(Version(release.sglang) < Version(f) for f in floors):  # below its proven range: refused, by design
+            release.profiles[name] = f"n/a (needs sglang >={max(floors, key=Version)})"
+            continue
         code, doc = run_cli("profile", "check", name, "--site", site)
         if code == 0:
             warnings = len(doc.get("warnings", []))

@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # `ps` and `doctor` print tables too: they must not pay for t
     from sm120kit.patching.revert import Restore
     from sm120kit.patching.spec import Patch
     from sm120kit.patching.transform import Finding
+    from sm120kit.tune.install import InstalledTable, Inventory
 
 NOT_A_TERMINAL = 100  # the width for a pipe, a file, a CI log
 NARROWEST = 40  # a terminal narrower than this gets 40: wrapping further helps nobody
@@ -421,6 +422,59 @@ def restore_table(rows: list[Restore], width: int | None = None) -> str:
         narrow=(0,),
         notes=[": ".join(x for x in (r.path, r.detail) if x) for r in rows],
     )
+
+
+# -- tuned MoE configs (tune-moe) -------------------------------------------------------
+
+
+def tuned_json(inventory: Inventory) -> dict:
+    return {
+        "tuned": [t.as_json() for t in inventory.tables],
+        "tuned_problems": inventory.problems,
+        "tuned_notes": inventory.notes,
+    }
+
+
+def print_tuned(inventory: Inventory, width: int | None = None) -> None:
+    """`status`: the MoE config tables tune-moe installed, after the patches."""
+    for problem in inventory.problems:
+        print(error_text(f"error: {problem}", wide=width is None), file=sys.stderr)
+    for note in inventory.notes:
+        print(wrap(note, width))
+    if inventory.tables:
+        print()
+        print(tuned_table(inventory.tables, width))
+
+
+def _config_name(t: InstalledTable) -> str:
+    """The file name without the GPU (its own column) and .json: E=..,N=..[,dtype=..][_down]."""
+    device = t.entry.device_name.replace(" ", "_")
+    return t.path.name.replace(f",device_name={device}", "").removesuffix(".json")
+
+
+def tuned_table(tables: list[InstalledTable], width: int | None = None) -> str:
+    """One row per table: what it is for (sglang, Triton, when) and its state. Fitted to a
+    width, the GPU, the file and what the installed sglang makes of it follow on a line of
+    their own; with --wide they are the last columns."""
+    headers = ["MOE CONFIG", "KIND", "SGLANG", "TRITON", "TUNED", "STATE"]
+    rows = [
+        [
+            _config_name(t),
+            t.entry.kind,
+            t.entry.version,
+            t.entry.triton_version,
+            t.entry.tuned_at[:10] or NONE,
+            t.state.value + (" (stale)" if t.stale and t.entry.kind == "tuned" else ""),
+        ]
+        for t in tables
+    ]
+    if width is None:
+        return table(
+            [*headers, "GPU", "FILE", "NOTE"],
+            [[*r, t.entry.device_name, str(t.path), t.note] for r, t in zip(rows, tables)],
+        )
+    notes = [f"{t.entry.device_name}: {t.path}: {t.note}" for t in tables]
+    return table(headers, rows, width, narrow=(0,), notes=notes)
 
 
 # -- serve -----------------------------------------------------------------------------

@@ -10,6 +10,8 @@ import zipfile
 
 import pytest
 from conftest import ROOT, WINDOW, install
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from sm120kit import wheels
 from sm120kit.errors import UserError
@@ -43,7 +45,12 @@ def argv_pairs(argv) -> dict[str, str | None]:
 @pytest.mark.parametrize("version", WINDOW)
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_profile_renders_for_every_release(name, version):
-    launch = render(load_profile(name, []), schema(version))
+    profile = load_profile(name, [])
+    if any(s.operator == ">=" and Version(version) < Version(s.version) for s in SpecifierSet(profile.sglang or "")):
+        with pytest.raises(UserError, match="needs sglang"):  # below the profile's floor: refused, not rendered
+            render(profile, schema(version))
+        return
+    launch = render(profile, schema(version))
     flags = schema(version)
     for flag, value in argv_pairs(launch.argv).items():
         spec = flags.get(flag)

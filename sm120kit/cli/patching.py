@@ -42,7 +42,8 @@ def register(sub) -> None:
         "one row per patch: installed version, outcome, upstream fix",
         "One row per patch and file of the target environment: the installed release, what "
         "`sm120kit patch` would do there (the outcome), and the upstream release that fixed the "
-        "bug. Writes nothing; `sm120kit patch --check` judges the same, for scripts.",
+        "bug; then the MoE config tables `sm120kit tune-moe` installed, with the sglang, Triton and GPU "
+        "they were tuned for. Writes nothing; `sm120kit patch --check` judges the same, for scripts.",
         {
             ExitCode.OK: "every patch is in place, fixed upstream or not applicable",
             ExitCode.FINDINGS: "a patch would be applied or brought to its current revision (the output says "
@@ -89,7 +90,8 @@ def register(sub) -> None:
         "unpatch",
         "restore the vendor's bytes, proven against the wheel's RECORD",
         "Restore the vendor's bytes of every file sm120kit patched (with --only, of those patches "
-        "alone), each proven against the wheel's RECORD, and drop their ledger entries.",
+        "alone), each proven against the wheel's RECORD, and drop their ledger entries. Without --only, "
+        "the MoE config tables `sm120kit tune-moe` installed go too (a file of sglang's one replaced comes back).",
         {
             ExitCode.OK: "restored, or nothing to restore (--dry-run: what would be restored is listed)",
             ExitCode.ERROR: "a file cannot be restored (foreign-edit: --force; no-backup: reinstall the "
@@ -119,16 +121,19 @@ def cmd_patches(args) -> int:
 def cmd_status(args) -> int:
     from sm120kit import report
     from sm120kit.patching import planning
+    from sm120kit.tune.install import inventory
 
     target, patches = load_target_and_patches(args)
     plan = planning.plan(target, patches, need_bytes=False, allow_missing=allowed_missing(args))
-    code = plan.exit_code(check=True)
+    tuned = inventory(target)
+    code = ExitCode.ERROR if tuned.problems else plan.exit_code(check=True)
     if args.json:
-        report.emit_json(report.plan_json("status", plan, code))
+        report.emit_json(report.plan_json("status", plan, code, report.tuned_json(tuned)))
         return code
     width = report.output_width(args.wide)
     report.print_plan(plan, args.debug, width)
     print(report.wrap(report.summary(plan.findings), width))
+    report.print_tuned(tuned, width)
     _say_why(code, width)
     return code
 
@@ -168,6 +173,12 @@ def cmd_patch(args) -> int:
         )
         code = plan.exit_code(check=False)
     problems = apply.verify(target, patches) if args.verify and code == ExitCode.OK else []
+    tuned_notes: list[str] = []
+    if args.verify and code == ExitCode.OK:
+        from sm120kit.tune.install import verify_tables
+
+        tuned_problems, tuned_notes = verify_tables(target)
+        problems += tuned_problems
     if problems:
         code = ExitCode.ERROR
     if args.json:
@@ -177,7 +188,12 @@ def cmd_patch(args) -> int:
                 "patch",
                 plan,
                 code,
-                {"mode": mode, "verify_problems": problems, "verified": bool(args.verify and code == ExitCode.OK)},
+                {
+                    "mode": mode,
+                    "verify_problems": problems,
+                    "verified": bool(args.verify and code == ExitCode.OK),
+                    "tuned_notes": tuned_notes,
+                },
             )
         )
         return code
@@ -197,6 +213,8 @@ def cmd_patch(args) -> int:
                     width,
                 )
             )
+        for note in tuned_notes:
+            print(report.wrap(f"tuned MoE config {note}", width))
     return code
 
 

@@ -1,6 +1,7 @@
 """State that travels with the target environment: <site>/.sm120kit/
 
-  ledger.json   per patched file: vendor hash, our hash, patch ids + revisions, backup name
+  ledger.json   per patched file: vendor hash, our hash, patch ids + revisions, backup name;
+                per fused-MoE config table that `tune-moe` installed: what it was tuned for
   backups/      the original bytes, content-addressed by sha256
   journal.json  only while a run writes (or after one was killed): see transaction.py
   lock          held by a run that writes, so two runs never interleave
@@ -30,9 +31,23 @@ from sm120kit import __version__
 from sm120kit.errors import UserError
 
 STATE_DIR = ".sm120kit"
-SCHEMA = 1
+# 2 adds `tuned` and `moe_config_dirs`. A ledger without them is still written as 1, so that
+# an older sm120kit keeps reading it; one with them says "upgrade sm120kit" there, not "damaged".
+SCHEMA = 2
+SCHEMAS = (1, 2)
 TMP_SUFFIX = ".sm120kit-tmp"
+# Where tune-moe may write: a table in a configs/triton_*/ directory, below sglang's MoE
+# layers in the package, or at the top of a config dir ($SGLANG_MOE_CONFIG_DIR).
+TABLE_IN_CONFIG_DIR = re.compile(r"configs/triton_[^/]+/E=[^/]+\.json")
+TABLE_IN_PACKAGE = re.compile(r"sglang/srt/layers/moe/(?:[^/]+/)+" + TABLE_IN_CONFIG_DIR.pattern)
 STATE_FILES = ("backups", "ledger.json", "journal.json", "lock")
+
+
+def is_table_path(path: str, root: str) -> bool:
+    """Whether `path` (relative to `root`: "package" or "config-dir") names a place where
+    tune-moe writes a config table, and nothing else."""
+    pattern = TABLE_IN_PACKAGE if root == "package" else TABLE_IN_CONFIG_DIR
+    return pattern.fullmatch(path) is not None
 
 
 def sha256(data: bytes) -> str:
@@ -81,9 +96,35 @@ class FileEntry:
 
 
 @dataclass
+class TunedEntry:
+    """A fused-MoE config table that `tune-moe` wrote where sglang looks it up."""
+
+    package: str  # "sglang": whose lookup reads it
+    version: str  # the sglang release it was tuned for (a shipped copy: copied from)
+    path: str  # relative to its root
+    root: str  # "package": the package's install root; "config-dir": the directory of this ledger
+    kind: str  # "tuned": timed on the node; "shipped": a copy of sglang's own table for this GPU
+    triton_version: str
+    device_name: str  # torch.cuda.get_device_name(), as sglang names the file after it
+    vendor_sha256: str  # the bytes it replaced (kept in backups/); "": there was no file
+    written_sha256: str  # the bytes we wrote
+    shape: dict | None = None  # MoeShape.to_json() of a tuned table
+    down: bool = False  # the down projection's table (`_down` in the name)
+    batch_sizes: list[int] = field(default_factory=list)
+    profile: str = ""  # `sm120kit tune-moe PROFILE` tunes it again
+    tuned_at: str = ""
+    installed_at: str = ""
+
+
+@dataclass
 class Ledger:
     site: Path
     files: dict[str, FileEntry] = field(default_factory=dict)
+    # "<package>:<path>" -> a config table tune-moe installed (see TunedEntry).
+    tuned: dict[str, TunedEntry] = field(default_factory=dict)
+    # Directories tune-moe installed tables into as $SGLANG_MOE_CONFIG_DIR: each keeps its
+    # own ledger; this says where status and unpatch find them.
+    moe_config_dirs: list[str] = field(default_factory=list)
     # "<package>:<patch id>" -> {"package", "version", "reason", "at"}: an anchor-missing the
     # user accepted with --allow-missing, for that release only (an upgrade asks again).
     allowed_missing: dict[str, dict] = field(default_factory=dict)
@@ -107,14 +148,14 @@ class Ledger:
             return ledger
         except (OSError, ValueError) as exc:
             raise ledger.damaged(f"unreadable ({exc})") from None
-        if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
+        if not isinstance(raw, dict) or raw.get("schema") not in SCHEMAS:
             found = raw.get("schema") if isinstance(raw, dict) else type(raw).__name__
             if isinstance(found, int) and found > SCHEMA:
                 raise UserError(
                     f"{ledger.path}: ledger schema {found}, this sm120kit reads {SCHEMA}",
                     "upgrade sm120kit (pip install -U sm120kit)",
                 )
-            raise ledger.damaged(f"schema {found!r}, expected {SCHEMA}")
+            raise ledger.damaged(f"schema {found!r}, expected {' or '.join(map(str, SCHEMAS))}")
         from sm120kit.errors import problems
         from sm120kit.patching.ledger_schema import LedgerDocument
 
@@ -124,6 +165,8 @@ class Ledger:
             raise ledger.damaged(problems(exc)) from None
         ledger.files = {k: FileEntry(**v.model_dump()) for k, v in doc.files.items()}
         ledger.allowed_missing = {k: v.model_dump() for k, v in doc.allowed_missing.items()}
+        ledger.tuned = {k: TunedEntry(**v.model_dump()) for k, v in doc.tuned.items()}
+        ledger.moe_config_dirs = list(doc.moe_config_dirs)
         ledger.loaded = ledger.document()
         return ledger
 
@@ -131,7 +174,7 @@ class Ledger:
     def changed(self) -> bool:
         """Whether there is anything to write: entries that differ from those loaded."""
         if self.loaded is None:
-            return bool(self.files or self.allowed_missing)
+            return bool(self.files or self.allowed_missing or self.tuned or self.moe_config_dirs)
         return self.document() != self.loaded
 
     def damaged(self, why: str) -> UserError:
@@ -153,12 +196,16 @@ class Ledger:
 
     def document(self) -> bytes:
         doc = {
-            "schema": SCHEMA,
+            "schema": SCHEMA if self.tuned or self.moe_config_dirs else 1,
             "tool": f"sm120kit {__version__}",
             "files": {k: asdict(v) for k, v in sorted(self.files.items())},
         }
         if self.allowed_missing:
             doc["allowed_missing"] = dict(sorted(self.allowed_missing.items()))
+        if self.tuned:
+            doc["tuned"] = {k: asdict(v) for k, v in sorted(self.tuned.items())}
+        if self.moe_config_dirs:
+            doc["moe_config_dirs"] = sorted(set(self.moe_config_dirs))
         return (json.dumps(doc, indent=2) + "\n").encode()
 
     def save(self) -> None:
@@ -214,7 +261,7 @@ class Ledger:
 
     def collect_backups(self) -> None:
         """Remove the backups no ledger entry needs (after a committed run)."""
-        keep = {e.vendor_sha256 for e in self.files.values()}
+        keep = {e.vendor_sha256 for e in (*self.files.values(), *self.tuned.values())}
         backups = self.state_dir / "backups"
         if backups.is_dir() and not backups.is_symlink():
             for path in backups.iterdir():

@@ -1,8 +1,9 @@
 """`unpatch`: give back the vendor's bytes of every file the ledger says carries a patch.
 
 Each file is proven against RECORD (or, for an editable install, the bytes seen before
-patching); the file's other patches are re-applied to the original. Nothing is written
-if any file cannot be restored.
+patching); the file's other patches are re-applied to the original. Without --only, the
+MoE config tables tune-moe installed go too (sm120kit/tune/install.py), in the same
+transaction. Nothing is written if any file cannot be restored.
 """
 
 from __future__ import annotations
@@ -75,8 +76,12 @@ def unpatch(
     `only` (all when None); other patches on the same file are re-applied to the original.
     Proven against RECORD (or, for an editable install, the bytes seen before patching).
     JIT caches built from the patched sources go too."""
-    request = _Request(target, patches, only if only is not None else {p.id for p in patches}, force)
+    request = _Request(target, patches, only if only is not None else {p.id for p in patches}, force, only is None)
     sites = {d.site for p in patches if p.id in request.wanted and (d := target.find(p.package))}
+    if request.tables:
+        from sm120kit.tune.install import removal_sites
+
+        sites |= removal_sites(target)
     try:
         with writing.locked(target, sites, patches) if not dry_run else contextlib.nullcontext([]) as recovered:
             result, ledgers, writes = _plan_unpatch(request, sites)
@@ -111,6 +116,7 @@ class _Request:
     patches: list[Patch]  # every loaded patch
     wanted: set[str]  # the ids to take out
     force: bool
+    tables: bool = False  # the tuned MoE config tables too
 
     @cached_property
     def by_id(self) -> dict[str, Patch]:
@@ -145,7 +151,18 @@ def _plan_unpatch(request: _Request, sites: set[Path]):
             ledger.files[key] = p.entry
     for ledger in ledgers.values():
         ledger.forget_allowances(request.wanted)
-    return Unpatched(rows), ledgers, [p.write for _, _, p in planned if p.write is not None]
+    writes = [p.write for _, _, p in planned if p.write is not None]
+    if request.tables:
+        from sm120kit.tune.install import CHANGE, plan_removal
+
+        sglang = request.target.find("sglang")
+        removals, warnings = plan_removal(request.target, ledgers, request.force)
+        for r in removals:
+            version = sglang.version if sglang else "-"
+            rows.append(Restore("sglang", version, r.path, [CHANGE], RestoreOutcome(r.outcome), r.detail))
+            writes += [r.write] if r.write else []
+        return Unpatched(rows, warnings), ledgers, writes
+    return Unpatched(rows), ledgers, writes
 
 
 def _plan_restore(request: _Request, ledger: Ledger, entry: FileEntry) -> _FileRestore:

@@ -10,6 +10,9 @@ A run that writes (patch, unpatch) goes through `commit`, in this order, each st
   4. the ledger (one atomic replace: the commit point);
   5. the journal is removed, then backups nothing refers to any more are collected.
 
+A file may also be absent before (a config table tune-moe adds) or after (one unpatch
+removes): its digest in the journal is null, and the write is a create or an unlink.
+
 A run killed anywhere leaves every file with its old or its new bytes (atomic replaces)
 and, from step 2 on, a journal. The next run that writes (`recover`, under the lock)
 finishes it: a ledger that is the one the journal names means the run committed; else
@@ -23,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import errno
+import glob
 import json
 import os
 import shutil
@@ -42,8 +46,12 @@ class FileWrite:
     package: str
     relpath: str
     path: Path  # where it lives (the site, or an editable install's source tree)
-    before: bytes
-    after: bytes
+    before: bytes | None  # None: absent
+    after: bytes | None
+
+
+def _digest(data: bytes | None) -> str | None:
+    return None if data is None else sha256(data)
 
 
 def journal_path(site: Path) -> Path:
@@ -66,7 +74,8 @@ def commit(ledgers: dict[Path, Ledger], writes: list[FileWrite], op: str) -> Non
     _check_space(ledgers, docs, writes)
     try:
         for w in writes:
-            ledgers[w.site].store_backup(w.before)
+            if w.before is not None:
+                ledgers[w.site].store_backup(w.before)
         for site in sites:
             mine = [w for w in writes if w.site == site]
             journal = {
@@ -75,7 +84,7 @@ def commit(ledgers: dict[Path, Ledger], writes: list[FileWrite], op: str) -> Non
                 "op": op,
                 "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                 "files": [
-                    {"package": w.package, "path": w.relpath, "before": sha256(w.before), "after": sha256(w.after)}
+                    {"package": w.package, "path": w.relpath, "before": _digest(w.before), "after": _digest(w.after)}
                     for w in mine
                 ],
                 "ledger_after": sha256(docs[site]),
@@ -106,10 +115,27 @@ def commit(ledgers: dict[Path, Ledger], writes: list[FileWrite], op: str) -> Non
         _finish(ledgers[site])
 
 
-def _replace(path: Path, data: bytes) -> None:
+def _replace(path: Path, data: bytes | None) -> None:
+    """The new bytes in place, atomically; None: the file goes (and its directory, if that
+    is left empty: a new table's triton_* directory is sm120kit's; a wheel ships none empty)."""
+    if data is None:
+        if path.exists() or path.is_symlink():
+            path.unlink()
+            _fsync_dir(path.parent)
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, data)
     if path.read_bytes() != data:
         raise OSError(errno.EIO, "does not read back as written", str(path))
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
 
 
 def _roll_back(touched: list[FileWrite], sites: list[Path], committed: dict[Path, Ledger]) -> dict[Path, str]:
@@ -119,7 +145,7 @@ def _roll_back(touched: list[FileWrite], sites: list[Path], committed: dict[Path
     states: dict[Path, str] = {}
     for w in reversed(touched):
         try:
-            if w.path.read_bytes() == w.before:
+            if _read(w.path) == w.before:
                 states[w.path] = "unchanged"
                 continue
             _replace(w.path, w.before)
@@ -191,8 +217,8 @@ def _check_space(ledgers: dict[Path, Ledger], docs: dict[Path, bytes], writes: l
         need[dev] = (path, total + n + 4096)  # a block of slack per file
 
     for w in writes:
-        add(w.path.parent, len(w.after))
-        add(ledgers[w.site].state_dir, len(w.before))
+        add(w.path.parent, len(w.after or b""))
+        add(ledgers[w.site].state_dir, len(w.before or b""))
     for site, doc in docs.items():
         add(ledgers[site].state_dir, 2 * len(doc) + 8192)  # the ledger and the journal
     for path, total in need.values():
@@ -241,10 +267,12 @@ def recover(site: Path, resolve) -> list[str]:
     messages = _remove_temp_files(ledger.state_dir, ledger.state_dir / "backups")
     path = journal_path(site)
     if not path.exists():
+        if (ledger.state_dir / "backups").is_dir():  # a run killed before its journal: its backups go
+            Ledger.load(site).collect_backups()
         return messages
     try:
         journal = json.loads(path.read_text())
-        files = [(str(f["package"]), str(f["path"]), str(f["before"]), str(f["after"])) for f in journal["files"]]
+        files = [(str(f["package"]), str(f["path"]), _text(f["before"]), _text(f["after"])) for f in journal["files"]]
         committed = ledger.path.exists() and sha256(ledger.path.read_bytes()) == journal["ledger_after"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UserError(
@@ -267,15 +295,20 @@ def recover(site: Path, resolve) -> list[str]:
     return messages
 
 
-def _restore(ledger: Ledger, target: Path, before: str, after: str) -> str:
-    try:
-        current = sha256(target.read_bytes())
-    except FileNotFoundError:
-        return f"  {target}: absent, left alone"
+def _text(digest) -> str | None:
+    """A journal's digest: null for an absent file."""
+    return None if digest is None else str(digest)
+
+
+def _restore(ledger: Ledger, target: Path, before: str | None, after: str | None) -> str:
+    current = _digest(_read(target))
     if current == before:
         return f"  {target}: was not written yet"
     if current != after:
-        return f"  {target}: changed since (an upgrade?), left alone"
+        return f"  {target}: {'absent' if current is None else 'changed since (an upgrade?)'}, left alone"
+    if before is None:  # it did not exist before the run
+        _replace(target, None)
+        return f"  {target}: removed (rolled back)"
     old = ledger.backup(before)
     if old is None:
         raise UserError(
@@ -292,7 +325,8 @@ def _remove_temp_files(*dirs: Path, name: str = "") -> list[str]:
     """`write_atomic`'s temp files that a killed run left (only ours: the suffix says so)."""
     removed = []
     for directory in dirs:
-        for tmp in directory.glob(f".{name}.*{TMP_SUFFIX}" if name else f"*{TMP_SUFFIX}"):
+        # escaped: a config table's name holds "[128, 128]", a character class to glob
+        for tmp in directory.glob(f".{glob.escape(name)}.*{TMP_SUFFIX}" if name else f"*{TMP_SUFFIX}"):
             with contextlib.suppress(OSError):
                 if not tmp.is_symlink() and tmp.is_file():
                     tmp.unlink()

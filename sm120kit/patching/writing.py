@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sm120kit.errors import UserError
 from sm120kit.patching import jit_cache, transaction
-from sm120kit.patching.ledger import Ledger
+from sm120kit.patching.ledger import Ledger, is_table_path
 from sm120kit.patching.spec import Patch
 from sm120kit.target import Distribution, Target
 
@@ -27,15 +27,20 @@ def locked(target: Target, sites: set[Path], patches: list[Patch]) -> Iterator[l
         for site in sorted(sites):
             stack.enter_context(Ledger(site).locked())
             recovered += transaction.recover(
-                site, lambda package, relpath: _resolve(target, declared, package, relpath)
+                site, lambda package, relpath, site=site: resolve(target, declared, site, package, relpath)
             )
         yield recovered
 
 
-def _resolve(target: Target, declared: set[tuple[str, str]], package: str, relpath: str) -> Path | None:
-    """A journal's file: only one a loaded patch rewrites, inside the target."""
+def resolve(target: Target, declared: set[tuple[str, str]], site: Path, package: str, relpath: str) -> Path | None:
+    """A journal's file: only one a loaded patch rewrites, or a config table tune-moe
+    writes (in the package, or in a config dir: the site that is no package's), inside."""
     dist = target.find(package)
-    if (package, relpath) not in declared or dist is None:
+    if dist is None or dist.site != site:
+        path = site / relpath
+        table = package == "sglang" and is_table_path(relpath, "config-dir")
+        return path if table and path.parent.resolve().is_relative_to(site.resolve()) else None
+    if (package, relpath) not in declared and not (package == "sglang" and is_table_path(relpath, "package")):
         return None
     path = dist.file(relpath)
     return path if inside(dist, path) else None
@@ -58,13 +63,25 @@ def write(ledgers: dict[Path, Ledger], writes: list[transaction.FileWrite], op: 
 def _check_writable(paths: list[Path]) -> None:
     """Refuse before writing anything. A file without write bits was made read-only on
     purpose (an image layer, a pinned install): honour that even when running as root."""
-    blocked = [p for p in paths if not (p.stat().st_mode & 0o222) or not os.access(p.parent, os.W_OK)]
+    blocked = [p for p in paths if not _writable(p)]
     if blocked:
-        listing = ", ".join(f"{p} (mode {p.stat().st_mode & 0o777:04o})" for p in blocked)
+        listing = ", ".join(f"{p} (mode {_existing(p).stat().st_mode & 0o777:04o})" for p in blocked)
         raise UserError(
             f"read-only: {listing}; nothing was changed",
             "make the files writable (chmod u+w) or patch where the environment is built",
         )
+
+
+def _writable(path: Path) -> bool:
+    """A file: its write bits and its directory's; a file to create: the directory that
+    will hold it, or the nearest one there is."""
+    if path.exists():
+        return bool(path.stat().st_mode & 0o222) and os.access(path.parent, os.W_OK)
+    return os.access(_existing(path.parent), os.W_OK)
+
+
+def _existing(path: Path) -> Path:
+    return next(p for p in (path, *path.parents) if p.exists())
 
 
 def _clear_pycache(path: Path) -> None:

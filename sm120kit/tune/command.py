@@ -1,0 +1,323 @@
+"""`sm120kit tune-moe`: the profile's MoE shape, the tuner's space pruned to what fits sm_120,
+timing on this node's GPUs, and the winning table installed where sglang looks."""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sm120kit.errors import UserError
+from sm120kit.exit_codes import ExitCode
+from sm120kit.tune import install as _install
+from sm120kit.tune.shape import MoeShape
+
+# sglang's tuning script's default batch sizes (benchmark/kernels/fused_moe_triton).
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+MAX_BATCH_SIZE = 1 << 20
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    plan_only: bool = False
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
+    budget_s: float | None = None
+    gpus: tuple[int, ...] | None = None  # None: every visible GPU
+    device_name: str | None = None  # None: GPU 0's, as sglang reads it
+    config_dir: Path | None = None  # $SGLANG_MOE_CONFIG_DIR instead of the package's directory
+    model_config: Path | None = None  # None: from the profile's [model] path
+    jobs: int | None = None
+    restart: bool = False
+    python: str | None = None  # the target's interpreter (--python); None: this one
+    show_progress: bool = True
+
+
+def parse_batch_sizes(text: str | None) -> tuple[int, ...]:
+    if text is None:
+        return DEFAULT_BATCH_SIZES
+    try:
+        sizes = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        sizes = []
+    if not sizes or not all(1 <= m <= MAX_BATCH_SIZE for m in sizes):
+        raise UserError(
+            f"--batch-sizes {text!r}: expected whole numbers from 1 to {MAX_BATCH_SIZE}, comma-separated",
+            "e.g. --batch-sizes 1,64,256,1024",
+        )
+    return tuple(sizes)
+
+
+def parse_budget(text: str | None) -> float | None:
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|min|h)?\s*", text)
+    seconds = float(match[1]) * {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[match[2]] if match else 0
+    if not seconds:
+        raise UserError(f"--budget {text!r}: expected a time such as 90s, 20m or 2h", "e.g. --budget 20m")
+    return seconds
+
+
+def parse_gpus(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        gpus = tuple(dict.fromkeys(int(part) for part in text.split(",") if part.strip()))
+    except ValueError:
+        gpus = ()
+    if not gpus or min(gpus) < 0:
+        raise UserError(f"--gpus {text!r}: expected GPU indices, comma-separated", "e.g. --gpus 0,1,2,3")
+    return gpus
+
+
+@dataclass
+class TuneReport:
+    profile: str
+    shape: MoeShape
+    sglang: str
+    triton: str | None  # the target's Triton (its version names sglang's config directory)
+    compiler: str  # the Triton that compiled the kernels for sm_120 here
+    kernel: str  # the installed file whose fused_moe_kernel was compiled
+    space: int  # configs in the tuner's space for this shape
+    fitting: list[dict]  # those that fit sm_120
+    largest_fit: int  # bytes of shared memory of the largest fitting config
+    rejected: list[dict]  # a few of those that do not fit, with their bytes
+    device_name: str | None
+    destination: Path | None  # where the tuned table goes
+    loads_now: Path | None  # the table sglang loads today for this shape on this GPU (None: its defaults)
+    loads_now_over: list[dict] = field(default_factory=list)  # its entries that do not fit sm_120
+    batch_sizes: tuple[int, ...] = ()
+    timing: object | None = None  # timing.TimingResult once timed
+    installed: bool = False
+    interrupted: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> ExitCode:
+        if self.interrupted:
+            return ExitCode.INTERRUPTED
+        if self.timing is None:
+            return ExitCode.FINDINGS if self.loads_now_over else ExitCode.OK
+        return ExitCode.OK if self.timing.complete else ExitCode.FINDINGS
+
+    def as_json(self) -> dict:
+        return {
+            "profile": self.profile,
+            "shape": self.shape.to_json(),
+            "sglang": self.sglang,
+            "triton": self.triton,
+            "compiler": self.compiler,
+            "kernel": self.kernel,
+            "space": self.space,
+            "fit": len(self.fitting),
+            "largest_fit_bytes": self.largest_fit,
+            "rejected": self.rejected,
+            "device_name": self.device_name,
+            "destination": str(self.destination) if self.destination else None,
+            "loads_now": str(self.loads_now) if self.loads_now else None,
+            "loads_now_over": self.loads_now_over,
+            "batch_sizes": list(self.batch_sizes),
+            "timing": self.timing.as_json() if self.timing is not None else None,
+            "installed": self.installed,
+            "notes": self.notes,
+            "exit_code": int(self.exit_code),
+        }
+
+
+def tune_moe(options: TuneOptions, profile, target) -> TuneReport:
+    """Plan (shape, candidates that fit sm_120, where the table goes, what sglang loads now);
+    unless options.plan_only, time the candidates on the GPUs and install the winners."""
+    from sm120kit.tune import fit, kernels, lookup, space
+    from sm120kit.tune.model_config import NotTritonMoe, moe_shape
+
+    sglang = target.find("sglang")
+    if sglang is None:
+        raise UserError(
+            f"no sglang in {target.description}: tune-moe tunes the installed sglang's kernel",
+            "pip install sglang, or point --python at the environment that serves it",
+        )
+    try:
+        shape = moe_shape(profile, options.model_config, sglang_version=sglang.version)
+    except NotTritonMoe as exc:
+        raise _with_triton_profile(exc, profile) from None
+    triton_version = lookup.installed_triton_version(target)
+    kernel = kernels.find_kernel_file(sglang.site)
+    source = kernel.read_bytes()
+    candidates = space.search_space(shape)
+    results = fit.fit_configs(
+        source,
+        shape,
+        candidates,
+        jobs=options.jobs,
+        progress=_progress_printer("compiling for sm_120", options.show_progress),
+    )
+    fitting = [r.config for r in results if r.fits]
+    over = sorted((r for r in results if not r.fits), key=lambda r: -(r.shared or r.at_least or 0))
+    config_dir = _config_dir(options, profile)
+    if problem := _install.server_env_problem(profile.env, config_dir):
+        raise UserError(f"profile {profile.name}: {problem}", _env_hint(profile, config_dir))
+    result = TuneReport(
+        profile=profile.name,
+        shape=shape,
+        sglang=sglang.version,
+        triton=triton_version,
+        compiler=_compiler_version(),
+        kernel=str(kernel),
+        space=len(candidates),
+        fitting=fitting,
+        largest_fit=max((r.shared for r in results if r.fits), default=0),
+        rejected=_distinct_tiles(over)[:3],
+        device_name=options.device_name or _local_gpu_name(),
+        destination=None,
+        loads_now=None,
+        batch_sizes=options.batch_sizes,
+    )
+    if triton_version and triton_version != result.compiler:
+        result.notes.append(
+            f"note: the kernels were compiled with Triton {result.compiler}; sglang runs with {triton_version}"
+        )
+    if result.device_name and triton_version:
+        _where(result, sglang, triton_version, config_dir, profile.env, source, options)
+    elif not result.device_name:
+        result.notes.append("no GPU here: pass --device-name to see where the table goes and what sglang loads now")
+    else:
+        result.notes.append(
+            f"no Triton in {target.description}: its version names the directory sglang reads, so where the "
+            "table goes and what sglang loads now are not known here"
+        )
+    if options.plan_only:
+        return result
+    if not fitting:
+        raise UserError(f"no config of sglang's tuning space fits sm_120 for {shape.model}", "see tune-moe --plan")
+    return _time_and_install(result, options, profile, target, sglang, config_dir)
+
+
+def _distinct_tiles(results) -> list[dict]:
+    """The results as {config, shared, error}, one per tile (GROUP_SIZE_M does not change what is compiled)."""
+    seen, out = set(), []
+    for r in results:
+        tile = tuple(v for k, v in sorted(r.config.items()) if k != "GROUP_SIZE_M")
+        if tile not in seen:
+            seen.add(tile)
+            out.append({"config": r.config, "shared": r.shared or r.at_least, "error": r.error})
+    return out
+
+
+def _with_triton_profile(exc, profile) -> UserError:
+    """NotTritonMoe's message, pointing at a shipped or local profile `<name>-triton` when one exists."""
+    from sm120kit.profiles.loader import list_profiles
+
+    twin = f"{profile.name}-triton"
+    if twin in {name for name, _, _ in list_profiles()}:
+        return UserError(exc.message, f"sm120kit tune-moe {twin} (the same model on the Triton runner)")
+    return exc
+
+
+def _config_dir(options: TuneOptions, profile) -> Path | None:
+    """--config-dir, else the $SGLANG_MOE_CONFIG_DIR the profile's server runs with."""
+    chosen = options.config_dir or (
+        Path(profile.env[_install.CONFIG_DIR_ENV]) if profile.env.get(_install.CONFIG_DIR_ENV) else None
+    )
+    return chosen.expanduser().absolute() if chosen else None
+
+
+def _env_hint(profile, config_dir: Path | None) -> str:
+    if config_dir is None:
+        return f"drop {_install.CONFIG_DIR_ENV} from the profile's [env], or pass --config-dir with its value"
+    return f'add {_install.CONFIG_DIR_ENV} = "{config_dir}" to [env] of {profile.source or profile.name}'
+
+
+def _compiler_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def _local_gpu_name() -> str | None:
+    from sm120kit.node import nvml
+
+    try:
+        gpus = nvml.read_gpus()
+    except nvml.NvmlUnavailable:
+        return None
+    return gpus[0].name if gpus else None
+
+
+def _where(result: TuneReport, sglang, triton_version: str, config_dir, env, source: bytes, options) -> None:
+    """Where the tuned table goes, what sglang loads today for this shape on this GPU, and
+    which of that table's configs do not fit sm_120 (a file copied from another card)."""
+    from sm120kit.tune import fit, lookup
+
+    name = result.device_name
+    result.destination = lookup.config_destination(sglang, result.shape, name, triton_version, config_dir=config_dir)
+    loaded = lookup.what_sglang_loads(sglang, result.shape, name, triton_version, lookup.server_env(config_dir))
+    if loaded is None:
+        return
+    result.loads_now = loaded.path
+    configs = list(loaded.table.values())
+    checked = fit.fit_configs(source, result.shape, configs, jobs=options.jobs)
+    result.loads_now_over = [
+        {"batch_size": m, "config": r.config, "shared": r.shared or r.at_least, "error": r.error}
+        for m, r in zip(loaded.table, checked)
+        if not r.fits
+    ]
+
+
+def _time_and_install(result: TuneReport, options: TuneOptions, profile, target, sglang, config_dir) -> TuneReport:
+    from platformdirs import user_cache_dir
+
+    from sm120kit.tune import timing
+    from sm120kit.tune.install import TuneMeta, install_table
+
+    if options.python is None and not target.description.startswith("python "):
+        raise UserError("--site names files, not an interpreter: timing runs the target's python", "pass --python EXE")
+    python = Path(options.python or sys.executable)
+    gpus = list(options.gpus) if options.gpus is not None else list(range(len(timing.probe(python).devices)))
+    state = Path(user_cache_dir("sm120kit")) / "tune" / f"{profile.name}.json"
+    if options.restart:
+        state.unlink(missing_ok=True)
+    timed = timing.time_candidates(
+        python,
+        result.shape,
+        options.batch_sizes,
+        result.fitting,
+        gpus,
+        budget_s=options.budget_s,
+        state_path=state,
+        progress=_progress_printer("timing", options.show_progress),
+    )
+    result.timing = timed
+    result.notes += timed.notes
+    if timed.stop is timing.Stop.INTERRUPTED:
+        result.interrupted = True
+        result.notes.append(f"interrupted: {len(timed.rows)} batch size(s) kept for the next run; nothing installed")
+        return result
+    table = timed.best_configs()
+    if not table:
+        result.notes.append("no batch size finished: nothing installed")
+        return result
+    meta = TuneMeta(result.shape, sglang.version, result.triton or "", timed.device, profile=profile.name)
+    installed = install_table(target, table, meta, config_dir=config_dir)
+    result.installed = True
+    result.device_name = timed.device
+    result.destination = installed.tables[0].path if installed.tables else result.destination
+    result.notes += installed.warnings
+    if timed.pending:
+        result.notes.append(
+            f"the budget ran out: batch sizes {', '.join(map(str, timed.pending))} not timed; "
+            f"run `sm120kit tune-moe {profile.name}` again to go on"
+        )
+    return result
+
+
+def _progress_printer(what: str, enabled: bool):
+    """A one-line progress display on stderr at a terminal (nothing in logs and pipes)."""
+    if not (enabled and sys.stderr.isatty()):
+        return None
+
+    def show(done: int, total: int, detail: str = "") -> None:
+        end = "\n" if done >= total else ""
+        sys.stderr.write(f"\r\033[K{what}: {done}/{total} {detail}"[:200] + end)
+        sys.stderr.flush()
+
+    return show

@@ -1,0 +1,373 @@
+"""Which fused-MoE configs fit a GPU's shared memory: each candidate's launches (the up and
+the down GEMM, as the release's launcher makes them) compiled for the target with Triton on
+the CPU, and `metadata.shared` compared with the opt-in limit, as Triton does at launch.
+
+Three things keep a full space affordable, each checked on the real kernels
+(tests/test_tune_fit.py; the whole space of the Kimi-K2 TP8 shape, bf16 and block fp8, in
+0.5.23 for the monotone rule):
+- GROUP_SIZE_M only reorders program ids (scalar arithmetic at the top of both kernels), so
+  configs that differ in it alone share one compile.
+- A launch's shared memory never decreases when BLOCK_SIZE_M, _N, _K or num_stages grows
+  (num_warps fixed), so a config that contains a smaller one already over the limit is
+  ruled out without compiling it (prune=False compiles everything).
+- The workers run Triton with LLVM's optimiser off: shared memory is fixed in MLIR before
+  LLVM runs, and O3 on a large tile is most of its compile time.
+Compiles run in worker processes (this module, run with -m); results are kept in a small
+JSON cache keyed by the kernel file's bytes, the Triton version and each launch's compile
+key, so a second plan is instant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sm120kit.tune import aot, kernels
+from sm120kit.tune.shape import MoeShape
+
+# The token count the launches are built for. Tokens reach the kernels only as integer
+# arguments (EM, num_valid_tokens: specialised on % 16 and == 1) and, from 0.5.19, as
+# GDC_EARLY (tokens <= 512); none of these changes shared memory (checked by the tests).
+FIT_TOKENS = 1024
+CANONICAL_GROUP_SIZE_M = 1
+CACHE_ENV = "SM120KIT_CACHE_DIR"
+CRASHED = "the Triton compiler's process died on this config"
+
+
+@dataclass(frozen=True)
+class FitResult:
+    config: dict
+    shared: int | None  # bytes of shared memory, the largest of the launches' (None: not all compiled)
+    fits: bool  # every launch compiled and needs at most the limit
+    error: str | None = None  # why a launch did not compile (a ptxas or compiler failure)
+    launches: tuple[int | None, ...] = field(default=())  # bytes per launch (up GEMM, down GEMM); None: not compiled
+    at_least: int | None = None  # ruled out uncompiled: a smaller config's launch already needs this many bytes
+
+    def to_json(self) -> dict:
+        return {
+            "config": self.config,
+            "shared": self.shared,
+            "fits": self.fits,
+            "error": self.error,
+            "launches": list(self.launches),
+            "at_least": self.at_least,
+        }
+
+
+def default_cache_dir() -> Path:
+    configured = os.environ.get(CACHE_ENV)
+    if configured:
+        return Path(configured) / "smem"
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("sm120kit")) / "smem"
+
+
+def default_jobs() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def fit_configs(
+    kernel_source: bytes,
+    shape: MoeShape,
+    configs: Sequence[dict],
+    *,
+    limit: int = aot.SM120_SMEM_OPTIN,
+    arch: int = 120,
+    tokens: int = FIT_TOKENS,
+    prune: bool = True,
+    jobs: int | None = None,
+    cache_dir: Path | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[FitResult]:
+    """One FitResult per config, in order: the shared memory its launches need on `arch`
+    (compiled from `kernel_source`, the release's fused_moe_triton_kernels.py) and whether
+    that fits `limit`. progress(done, total) counts distinct compiles, those cached or ruled
+    out included. Ctrl-C keeps what finished in the cache."""
+    cache = _Cache(cache_dir or default_cache_dir(), kernel_source)
+    with tempfile.TemporaryDirectory(prefix="sm120kit-fit-") as scratch:
+        module = kernels.load(kernel_source, Path(scratch), (arch // 10, arch % 10))
+        sweep, per_config = _Sweep(limit, prune), []
+        for config in configs:
+            canonical = {**config, "GROUP_SIZE_M": CANONICAL_GROUP_SIZE_M}
+            keys = [launch.compile_key(arch) for launch in kernels.moe_launches(module, shape, canonical, tokens)]
+            per_config.append(keys)
+            for index, key in enumerate(keys):
+                sweep.add(key, canonical, index)
+        for key in list(sweep.units):
+            if (cached := cache.get(key)) is not None:
+                sweep.record(key, cached)
+        sweep.rule_out_known()
+        if progress:
+            progress(*sweep.progress())
+        try:
+            _compile_all(sweep, kernel_source, shape, arch, tokens, jobs, Path(scratch), progress)
+        finally:
+            cache.save({key: value for key, value in sweep.found.items() if value[1] != CRASHED})
+    return [sweep.result(config, keys) for config, keys in zip(configs, per_config)]
+
+
+def _point(config: dict) -> tuple[int, int, int, int]:
+    return config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"], config["num_stages"]
+
+
+class _Sweep:
+    """The distinct compiles (units: one launch of one config, GROUP_SIZE_M canonical), what
+    each gave, and the order they are handed out in: smallest tiles first, so that with
+    `prune` the configs that contain one already over the limit are ruled out uncompiled."""
+
+    def __init__(self, limit: int, prune: bool):
+        self.limit, self.prune = limit, prune
+        self.units: dict[str, tuple[dict, int]] = {}  # key -> (canonical config, launch index)
+        self.found: dict[str, tuple[int | None, str | None]] = {}  # key -> (shared, error)
+        self.ruled_out: set[str] = set()
+        self.over: list[tuple[tuple[int, int, int, int], int, int]] = []  # (point, warps, bytes)
+        self.order: list[str] | None = None
+
+    def add(self, key: str, config: dict, index: int) -> None:
+        self.units.setdefault(key, (config, index))
+
+    def record(self, key: str, value: tuple[int | None, str | None]) -> None:
+        self.found[key] = value
+        shared = value[0]
+        if shared is not None and shared > self.limit:
+            config, _ = self.units[key]
+            self.over.append((_point(config), config["num_warps"], shared))
+
+    def bound(self, config: dict) -> int | None:
+        """The most bytes a launch of a config inside this one (same warps) needs, when
+        that is over the limit: by monotonicity, this config's launch needs as many."""
+        point, warps = _point(config), config["num_warps"]
+        sizes = [b for p, w, b in self.over if w == warps and all(x <= y for x, y in zip(p, point))]
+        return max(sizes) if self.prune and sizes else None
+
+    def next_unit(self) -> str | None:
+        """The next key to compile, or None; ruled-out keys are skipped (and counted)."""
+        if self.order is None:
+            self.order = sorted((k for k in self.units if k not in self.found), key=self._staged, reverse=True)
+        while self.order:
+            key = self.order.pop()
+            if key in self.found:
+                continue
+            if self.bound(self.units[key][0]) is not None:
+                self.ruled_out.add(key)
+                continue
+            return key
+        return None
+
+    def _staged(self, key: str) -> tuple[int, str]:
+        """What a unit's tiles stage per block, as a proxy: only the order depends on it."""
+        m, n, k, stages = _point(self.units[key][0])
+        return (stages - 1) * (m + n) * k, key
+
+    def retry(self, key: str) -> None:
+        self.order.append(key)
+
+    def rule_out_known(self) -> None:
+        """Mark what the results so far (e.g. cached ones) already rule out."""
+        self.ruled_out |= {k for k, (c, _) in self.units.items() if k not in self.found and self.bound(c) is not None}
+
+    def progress(self) -> tuple[int, int]:
+        return len(self.found) + len(self.ruled_out), len(self.units)
+
+    def result(self, config: dict, keys: list[str]) -> FitResult:
+        found = [self.found.get(key) for key in keys]
+        sizes = tuple(value[0] if value else None for value in found)
+        error = next((value[1] for value in found if value and value[1]), None)
+        if None not in sizes:
+            shared = max(sizes)
+            return FitResult(dict(config), shared, error is None and shared <= self.limit, error, sizes)
+        at_least = None if error else self.bound(config)
+        return FitResult(dict(config), None, False, error, sizes, at_least)
+
+
+def _compile_all(sweep: _Sweep, source, shape, arch, tokens, jobs, scratch, progress) -> None:
+    """Compile what the sweep hands out in worker processes (`python -m sm120kit.tune.fit`,
+    one unit at a time each). A unit whose worker dies is tried once more in a fresh
+    worker, then recorded as CRASHED (and not cached)."""
+    pending = len(sweep.units) - len(sweep.found)
+    if not pending:
+        return
+    (scratch / "kernel.py").write_bytes(source)
+    init = {"source": str(scratch / "kernel.py"), "shape": shape.to_json(), "arch": arch, "tokens": tokens}
+    lock, stop = threading.Lock(), threading.Event()
+    attempts, workers = {}, []
+
+    def drive() -> None:
+        worker = None
+        while not stop.is_set():
+            with lock:
+                key = sweep.next_unit()
+                if key is None:
+                    break
+                if worker is None:
+                    worker = _Worker(init, scratch)
+                    workers.append(worker)
+            value = worker.compile(*sweep.units[key])
+            with lock:
+                if value is None:  # it died: this key again in a fresh one, once
+                    worker = None
+                    attempts[key] = attempts.get(key, 0) + 1
+                    if stop.is_set():
+                        break
+                    if attempts[key] < 2:
+                        sweep.retry(key)
+                        continue
+                    value = (None, CRASHED)
+                sweep.record(key, value)
+                if progress:
+                    progress(*sweep.progress())
+        if worker is not None:
+            worker.close()
+
+    threads = [threading.Thread(target=drive, daemon=True) for _ in range(max(1, min(jobs or default_jobs(), pending)))]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.2)  # wakes up for Ctrl-C
+    finally:
+        stop.set()
+        with lock:
+            for worker in workers:
+                worker.kill()
+        for thread in threads:
+            thread.join()
+    if progress:
+        progress(*sweep.progress())
+
+
+class _Worker:
+    """One compiler process: a JSON line in (config, launch index), a JSON line out
+    ([shared, error]) on its own pipe (Triton prints ptxas failures to stdout)."""
+
+    def __init__(self, init: dict, scratch: Path):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sm120kit.tune.fit", str(scratch)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.send(init)
+
+    def send(self, message: dict) -> bool:
+        try:
+            self.proc.stdin.write(json.dumps(message) + "\n")
+            self.proc.stdin.flush()
+            return True
+        except (BrokenPipeError, OSError, ValueError):
+            return False
+
+    def compile(self, config: dict, index: int) -> tuple[int | None, str | None] | None:
+        """(shared, error), or None when the process died on it."""
+        if not self.send({"config": config, "index": index}):
+            self.kill()
+            return None
+        line = self.proc.stdout.readline()
+        if not line:
+            self.kill()
+            return None
+        shared, error = json.loads(line)
+        return shared, error
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def _serve(scratch: Path) -> None:
+    """The worker's loop. Protocol on the original stdout; fd 1 goes to stderr, so what
+    Triton prints cannot corrupt it. Its own Triton cache under the scratch directory
+    (thrown away with it, so ~/.triton is untouched)."""
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    own = scratch / f"worker-{os.getpid()}"
+    own.mkdir(parents=True, exist_ok=True)
+    os.environ["TRITON_CACHE_DIR"] = str(own / "triton")
+    # Shared memory is fixed in MLIR (ttg.shared), before LLVM runs: its O3 pass, up to 3/4
+    # of a large tile's compile time, only shapes the code we never run. ptxas still runs.
+    os.environ["DISABLE_LLVM_OPT"] = "1"
+    init = json.loads(sys.stdin.readline())
+    fields = init["shape"]
+    shape = MoeShape(**{**fields, "block_shape": tuple(fields["block_shape"]) if fields["block_shape"] else None})
+    arch, tokens = init["arch"], init["tokens"]
+    module = kernels.load(Path(init["source"]).read_bytes(), own, (arch // 10, arch % 10))
+    for line in sys.stdin:
+        task = json.loads(line)
+        launch = kernels.moe_launches(module, shape, task["config"], tokens)[task["index"]]
+        try:
+            answer = [launch.shared_bytes(arch), None]
+        except Exception as exc:  # a config the compiler rejects (e.g. ptxas) does not fit
+            text = str(exc).strip()
+            answer = [None, f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]]
+        answers.write(json.dumps(answer) + "\n")
+        answers.flush()
+
+
+class _Cache:
+    """{compile key: [shared, error]} for one kernel file and one Triton, in one JSON file.
+    Best effort: an unreadable or unwritable cache only costs time."""
+
+    def __init__(self, root: Path, source: bytes):
+        digest = hashlib.sha256(source).hexdigest()[:24]
+        self.path = Path(root) / f"{digest}-triton-{aot.triton_version()}.json"
+        try:
+            self.entries = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.entries = {}
+        if not isinstance(self.entries, dict):
+            self.entries = {}
+
+    def get(self, key: str) -> tuple[int | None, str | None] | None:
+        value = self.entries.get(key)
+        if isinstance(value, list) and len(value) == 2:
+            return value[0], value[1]
+        return None
+
+    def save(self, found: dict) -> None:
+        new = {key: list(value) for key, value in found.items() if self.entries.get(key) != list(value)}
+        if not new:
+            return
+        try:  # merge with what another run may have written meanwhile
+            current = json.loads(self.path.read_text())
+            current = current if isinstance(current, dict) else {}
+        except (OSError, ValueError):
+            current = {}
+        current.update(self.entries)
+        current.update(new)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(current, sort_keys=True))
+            os.replace(tmp, self.path)
+            self.entries = current
+        except OSError:
+            pass
+
+
+if __name__ == "__main__":
+    _serve(Path(sys.argv[1]))

@@ -1,0 +1,233 @@
+"""tune-moe's candidates: sglang's tuning space, and the sm_120 filter on the real fused-MoE
+kernels of two releases, one per kernel location (0.5.12.post1: moe_runner/triton_utils/,
+0.5.23: kernels/ops/moe/), compiled for sm_120 on the CPU.
+
+The shape is Kimi K2's at TP8 (384 experts, hidden 7168, intermediate 2048 / 8 = 256, top-8)
+with block-wise fp8 [128, 128]. A slice of the space keeps this to a few dozen compiles.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import subprocess
+import sys
+
+import pytest
+from conftest import WINDOW, wheel_bytes
+
+from sm120kit import wheels
+from sm120kit.errors import UserError
+from sm120kit.tune import aot, fit, kernels, space
+from sm120kit.tune.shape import MoeShape
+
+RELEASES = ("0.5.12.post1", "0.5.23")
+KIMI_FP8 = MoeShape(384, 7168, 256, 256, 8, "fp8_w8a8", (128, 128), model="Kimi-K2 TP8 (fp8 block)")
+KIMI_INT4 = MoeShape(384, 7168, 256, 128, 8, "int4_w4a16", (0, 32), model="Kimi-K2 TP8 (int4 group 32)")
+# 32 configs, 16 distinct compiles (GROUP_SIZE_M does not change the binary's shared memory).
+SLICE = [
+    dict(BLOCK_SIZE_M=m, BLOCK_SIZE_N=n, BLOCK_SIZE_K=k, GROUP_SIZE_M=g, num_warps=8, num_stages=s)
+    for m, n, k, s, g in itertools.product((16, 128), (32, 256), (64, 128), (2, 4), (1, 64))
+]
+SMALL = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=64, GROUP_SIZE_M=1, num_warps=8, num_stages=2)
+LARGE = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=256, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=8, num_stages=4)
+SMALL_BYTES = 3072  # 2 stages of a 16x64 fp8 A tile and a 64x32 fp8 B tile, one buffered
+LARGE_BYTES = 147456  # 3 buffered stages of (128x128 + 128x256) fp8: 144 KiB > 99 KiB
+# Of SLICE, these (M, N, K, stages) fit 101376 B in both releases (x2 GROUP_SIZE_M each).
+SLICE_FITTING = 2 * 14
+
+
+def kernel_source(version: str) -> bytes:
+    [relpath] = [p for p in kernels.KERNEL_FILES if _in_wheel(version, p)]
+    return wheel_bytes(version, relpath)
+
+
+@functools.cache
+def _in_wheel(version: str, relpath: str) -> bool:
+    import zipfile
+
+    with zipfile.ZipFile(wheels.fetch("sglang", version)) as zf:
+        return relpath in zf.namelist()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def triton_cache(tmp_path_factory):
+    """In-process compiles get a fresh Triton cache (~/.triton stays untouched); fit's
+    workers keep their own in a scratch directory."""
+    root = tmp_path_factory.mktemp("triton")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_CACHE_DIR", str(root / "cache"))
+        mp.setenv("TRITON_HOME", str(root))
+        yield
+
+
+@pytest.fixture(scope="module")
+def sliced(tmp_path_factory):
+    """fit_configs(SLICE) per release, once, with progress calls and the cache it filled."""
+
+    @functools.cache
+    def run(version: str):
+        cache = tmp_path_factory.mktemp(f"smem-{version}")
+        calls = []
+        results = fit.fit_configs(
+            kernel_source(version), KIMI_FP8, SLICE, jobs=2, cache_dir=cache, progress=lambda *a: calls.append(a)
+        )
+        return results, calls, cache
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def module(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("kernels")
+    return functools.cache(lambda version: kernels.load(kernel_source(version), tmp))
+
+
+# --- the search space ----------------------------------------------------------------------
+
+
+def test_space_is_sglangs_1920_configs_in_its_json_key_order():
+    configs = space.full_space()
+    assert len(configs) == 1920 == len({tuple(c.items()) for c in configs})
+    assert all(tuple(c) == space.CONFIG_KEYS for c in configs)
+    assert {k: sorted({c[k] for c in configs}) for k in space.CONFIG_KEYS} == {
+        k: sorted(v) for k, v in space.SPACE.items()
+    }
+    assert configs[0] == dict(
+        BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=64, GROUP_SIZE_M=1, num_warps=4, num_stages=2
+    )
+
+
+def test_space_block_quant_keeps_block_k_that_divide_the_quant_block():
+    configs = space.search_space(KIMI_FP8)
+    assert len(configs) == 1280
+    assert {c["BLOCK_SIZE_K"] for c in configs} == {64, 128}  # 128 % 256 != 0
+    assert {c["BLOCK_SIZE_N"] for c in configs} == {32, 64, 128, 256}  # N is not filtered
+    assert len(space.search_space(MoeShape(384, 7168, 256, 256, 8, "fp8_w8a8", (128, 64)))) == 640
+    assert len(space.search_space(MoeShape(384, 7168, 256, 256, 8, None))) == 1920
+    assert len(space.search_space(MoeShape(384, 7168, 256, 256, 8, "fp8_w8a8"))) == 1920  # per-tensor
+    assert len(space.search_space(KIMI_INT4)) == 1920  # [0, 32]: the GPTQ/AWQ kernel takes any BLOCK_SIZE_K
+
+
+# --- where each release keeps the kernel ---------------------------------------------------
+
+
+@pytest.mark.parametrize("version", WINDOW)
+def test_kernel_file_found_in_every_release(tmp_path, version):
+    wheels.install(tmp_path, "sglang", version, kernels.KERNEL_FILES)
+    found = kernels.find_kernel_file(tmp_path)
+    assert kernels.defines_fused_moe_kernel(found.read_bytes())
+    assert found.relative_to(tmp_path).as_posix() in kernels.KERNEL_FILES
+
+
+def test_no_kernel_file_is_a_user_error(tmp_path):
+    (tmp_path / "sglang").mkdir()
+    with pytest.raises(UserError, match="fused_moe_kernel"):
+        kernels.find_kernel_file(tmp_path)
+
+
+# --- the launches, captured from the release's own invoke_fused_moe_kernel ----------------
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_launches_are_the_up_and_down_gemm(module, version):
+    up, down = kernels.moe_launches(module(version), KIMI_FP8, SMALL, 64)
+    assert up.kernel.__name__ == down.kernel.__name__ == "fused_moe_kernel"
+    assert (up.args["N"], up.args["K"], down.args["N"], down.args["K"]) == (512, 7168, 7168, 256)
+    assert up.args["a_ptr"].dtype.name == "float8_e4m3fn"  # quantised by the launcher itself
+    assert (up.args["group_n"], up.args["group_k"]) == (128, 128)
+    assert up.args["b_scale_ptr"].shape == (384, 4, 56)
+    assert (up.args["MUL_ROUTED_WEIGHT"], down.args["MUL_ROUTED_WEIGHT"]) == (False, True)
+    assert (up.args["top_k"], down.args["top_k"]) == (8, 1)
+    assert (up.num_warps, up.num_stages) == (8, 2)
+    pdl = "USE_GDC" in up.args  # 0.5.19+ launch with programmatic dependent launch on sm_90+
+    assert pdl == (version == "0.5.23")
+    assert up.options == ({"launch_pdl": True} if pdl else {})
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_int4_launches_the_gptq_awq_kernel_on_packed_weights(module, version):
+    up, down = kernels.moe_launches(module(version), KIMI_INT4, SMALL, 64)
+    assert up.kernel.__name__ == down.kernel.__name__ == "fused_moe_kernel_gptq_awq"
+    assert up.args["b_ptr"].shape == (384, 512, 3584) and up.args["b_ptr"].dtype.name == "uint8"
+    assert down.args["b_ptr"].shape == (384, 7168, 128)
+    assert up.args["group_size"] == 32 and up.args["use_int4_w4a16"] and not up.args["has_zp"]
+    assert up.args["K"] == 7168  # A's K, unpacked
+
+
+def test_unknown_dtype_is_a_user_error(module):
+    with pytest.raises(UserError, match="mxfp4"):
+        kernels.moe_launches(module("0.5.23"), MoeShape(8, 64, 32, 32, 2, "mxfp4"), SMALL, 1)
+    with pytest.raises(UserError, match="group_size"):
+        kernels.moe_launches(module("0.5.23"), MoeShape(8, 64, 32, 32, 2, "int4_w4a16"), SMALL, 1)
+
+
+# --- the sm_120 filter --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_slice_fit_count_and_known_configs(sliced, version):
+    results, _, _ = sliced(version)
+    assert [r.config for r in results] == SLICE
+    by_config = {tuple(r.config.items()): r for r in results}
+    small, large = by_config[tuple(SMALL.items())], by_config[tuple(LARGE.items())]
+    assert small.fits and small.shared == SMALL_BYTES and small.launches == (SMALL_BYTES, SMALL_BYTES)
+    assert not large.fits and large.shared == LARGE_BYTES and large.error is None
+    assert all(r.fits == (r.error is None and r.shared <= aot.SM120_SMEM_OPTIN) for r in results)
+    assert sum(r.fits for r in results) == SLICE_FITTING
+    assert not any(r.error for r in results)
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_fit_agrees_with_an_in_process_compile(sliced, module, version):
+    """The workers' figure is what compiling the captured launch here gives."""
+    results, _, _ = sliced(version)
+    for config in (SMALL, LARGE):
+        [result] = [r for r in results if r.config == config]
+        launches = kernels.moe_launches(module(version), KIMI_FP8, config, fit.FIT_TOKENS)
+        assert result.launches == tuple(launch.shared_bytes() for launch in launches)
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_group_size_m_and_tokens_do_not_change_shared_memory(module, version):
+    """What fit_configs relies on to compile once per (M, N, K, warps, stages): GROUP_SIZE_M
+    only reorders program ids, and tokens only reach integer arguments (and, in 0.5.23,
+    GDC_EARLY = tokens <= 512), none of which changes the shared memory."""
+    mod = module(version)
+    for config in (SMALL, LARGE):
+        reference = [launch.shared_bytes() for launch in kernels.moe_launches(mod, KIMI_FP8, config, fit.FIT_TOKENS)]
+        for group, tokens in ((64, fit.FIT_TOKENS), (1, 1), (1, 37)):
+            launches = kernels.moe_launches(mod, KIMI_FP8, {**config, "GROUP_SIZE_M": group}, tokens)
+            assert [launch.shared_bytes() for launch in launches] == reference, (config, group, tokens)
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_each_distinct_compile_runs_once_and_the_second_run_is_cached(sliced, monkeypatch, version):
+    results, calls, cache = sliced(version)
+    distinct = len({(c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"], c["BLOCK_SIZE_K"], c["num_stages"]) for c in SLICE})
+    assert calls[0] == (0, 2 * distinct) and calls[-1] == (2 * distinct, 2 * distinct)
+    assert len(calls) == 2 * distinct + 1  # one call per compile
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("a cached config was compiled again")
+
+    monkeypatch.setattr(fit, "_Worker", no_compiler)
+    again = []
+    second = fit.fit_configs(
+        kernel_source(version), KIMI_FP8, SLICE, cache_dir=cache, progress=lambda *a: again.append(a)
+    )
+    assert second == results
+    assert again == [(2 * distinct, 2 * distinct)]
+
+
+def test_a_config_the_compiler_rejects_does_not_fit(tmp_path):
+    """fp8 tl.dot needs K >= 32 per tile: BLOCK_SIZE_K 16 (outside the space) fails to compile."""
+    config = {**SMALL, "BLOCK_SIZE_K": 16}
+    shape = MoeShape(384, 7168, 256, 256, 8, "fp8_w8a8")
+    [result] = fit.fit_configs(kernel_source("0.5.23"), shape, [config], jobs=1, cache_dir=tmp_path)
+    assert not result.fits and result.shared is None and result.error
+
+
+def test_importing_fit_does_not_import_triton():
+    code = "import sys, sm120kit.tune.fit, sm120kit.tune.space; assert 'triton' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
