@@ -1,7 +1,7 @@
 """Proof that sglang's Triton kernel configs fit SM120's 101376 B of shared memory per block,
 with sglang-triton-smem-sm120 applied, and that they do not without it.
 
-Every figure is compiled here, on a CPU, from the release's own file (tests/triton_sm120.py):
+Every figure is compiled here, on a CPU, from the release's own file (sm120kit.tune.aot):
 sglang's own selection code runs for CUDA capability (12, 0) or (9, 0), the chosen launch
 is compiled for sm_120, and `metadata.shared` (what Triton compares with the opt-in limit
 before raising OutOfResources) is checked against 101376.
@@ -27,14 +27,14 @@ import pytest
 
 pytest.importorskip("triton")
 
-import triton.language as tl
-import triton_sm120 as aot
 from conftest import WINDOW, wheel_bytes
 from packaging.version import Version
 
 from sm120kit.patching.registry import load_patches
 from sm120kit.patching.spec import Outcome
 from sm120kit.patching.transform import run_rewrites
+from sm120kit.tune import aot, kernels
+from sm120kit.tune.shape import MoeShape
 
 LIMIT = aot.SM120_SMEM_OPTIN
 SM120, HOPPER = (12, 0), (9, 0)
@@ -218,73 +218,10 @@ def moe_config(mod, m: int, gpu, dtype="fp8_w8a8", block_shape=None, e=128) -> d
 
 
 def moe_launch(mod, config: dict, m: int, gpu, e=128, n=1408, k=4096, topk=8) -> aot.Launch:
-    """invoke_fused_moe_kernel's fused_moe_kernel launch for the w13 GEMM of an fp8 per-tensor
-    MoE (A [m, k] fp8, B [e, 2n, k] fp8, per-tensor scales), with `config`."""
-    aot.set_gpu(mod, gpu)
-    config, t = dict(config), aot.FakeTensor
-    num_warps, num_stages = config.pop("num_warps", 4), config.pop("num_stages", 3)
-    em = m * topk + e * (config["BLOCK_SIZE_M"] - 1)  # moe_align_block_size's padded length
-    a, b, c = t((m, k), "float8_e4m3fn"), t((e, 2 * n, k), "float8_e4m3fn"), t((m, topk, 2 * n))
-    known = dict(
-        a_ptr=a,
-        a_desc=None,
-        b_ptr=b,
-        b_desc=None,
-        bias_ptr=None,
-        c_ptr=c,
-        a_scale_ptr=t((1,), "float32"),
-        b_scale_ptr=t((e,), "float32"),
-        topk_weights_ptr=t((m, topk), "float32"),
-        sorted_token_ids_ptr=t((em,), "int32"),
-        expert_ids_ptr=t((em // config["BLOCK_SIZE_M"],), "int32"),
-        num_tokens_post_padded_ptr=t((1,), "int32"),
-        add_mask_ptr=None,
-        N=2 * n,
-        K=k,
-        EM=em,
-        num_valid_tokens=m * topk,
-        stride_am=a.stride(0),
-        stride_ak=a.stride(1),
-        stride_be=b.stride(0),
-        stride_bk=b.stride(2),
-        stride_bn=b.stride(1),
-        stride_bias_e=0,
-        stride_bias_n=0,
-        stride_cm=c.stride(-2),
-        stride_cn=c.stride(-1),
-        stride_asm=0,
-        stride_ask=0,
-        stride_bse=0,
-        stride_bsk=0,
-        stride_bsn=0,
-        group_n=0,
-        group_k=0,
-        MUL_ROUTED_WEIGHT=False,
-        top_k=topk,
-        compute_type=tl.bfloat16,
-        use_fp8_w8a8=True,
-        use_int8_w8a8=False,
-        use_int8_w8a16=False,
-        per_channel_quant=False,
-        even_Ks=k % config["BLOCK_SIZE_K"] == 0,
-        c_sorted=False,
-        filter_expert=True,
-        swap_ab=mod.should_enable_swap_ab(config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"]),
-        FUSE_ADD_TO_OUTPUT=False,
-        MASK_OUTPUT=False,
-        FUSE_SUM_ALL_REDUCE=False,
-        LORA_PRESERVE_BASE=False,
-        ROUTER_TOPK=1,
-        FUSE_SWIGLU=False,
-        **config,
-    )
-    options = {}
-    names = {p.name for p in mod.fused_moe_kernel.params}
-    if "USE_GDC" in names:  # 0.5.23 launches with PDL where is_arch_support_pdl() (major >= 9)
-        known.update(USE_GDC=True, GDC_EARLY=m <= 512)
-        options["launch_pdl"] = True
-    args = {name: value for name, value in known.items() if name in names}
-    return aot.Launch(mod.fused_moe_kernel, args, num_warps, num_stages, options)
+    """The w13 (up) launch the release's invoke_fused_moe_kernel makes for an fp8 per-tensor
+    MoE (A [m, k], B [e, 2n, k]) with `config`, captured by sm120kit.tune.kernels."""
+    kernels.prepare(mod, gpu)
+    return kernels.moe_launches(mod, MoeShape(e, k, n, n, topk, "fp8_w8a8"), config, m)[0]
 
 
 def tiles(launch: aot.Launch) -> dict:

@@ -239,3 +239,28 @@ def test_help_loads_no_torch_triton_or_library_module():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "usage: sm120kit tune-moe" in done.stdout
     assert done.stdout.splitlines()[-1] == "loaded:"
+
+
+def test_status_flags_a_table_sglang_loads_on_this_sm120_gpu_that_does_not_fit(node, cli, monkeypatch):
+    """A table copied from a card with 228 KB SMs under this GPU's name: `status` on an SM120
+    node compiles what sglang would load and warns about the entries over 101376 B."""
+    from sm120kit.node import nvml
+    from sm120kit.node.nvml_schema import Gpu
+
+    site, config = node
+    gpu = Gpu(index=0, name=SERVER, compute_capability="12.0", memory_total_mib=97887, memory_used_mib=0)
+    monkeypatch.setattr(nvml, "read_gpus", lambda: [gpu])
+    _, doc = cli.json(*plan_args(site, config, "--device-name", SERVER))
+    copied = Path(doc["destination"])
+    verdict, doc = cli.json("status", "--site", site)
+    assert doc["tuned_unfit"] == []  # 0.5.23's own tables for this GPU (E=256,N=512) all fit
+    copied.write_text(json.dumps({"1": SLICE[0], "512": SLICE[3]}, indent=4))
+    code, doc = cli.json("status", "--site", site)
+    assert code == verdict  # a warning: the patches' verdict is status's exit code
+    [unfit] = doc["tuned_unfit"]
+    assert unfit["path"] == str(copied)
+    assert [(x["batch_size"], x["config"]) for x in unfit["over"]] == [(512, SLICE[3])]
+    _, _, err = cli("status", "--site", site)
+    assert "do not fit sm_120" in err and copied.name in err.replace("\n", "")
+    monkeypatch.setattr(nvml, "read_gpus", lambda: [gpu.model_copy(update={"compute_capability": "9.0"})])
+    assert cli.json("status", "--site", site)[1]["tuned_unfit"] == []  # not an SM120 GPU: not judged

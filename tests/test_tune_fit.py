@@ -24,17 +24,20 @@ from sm120kit.tune.shape import MoeShape
 RELEASES = ("0.5.12.post1", "0.5.23")
 KIMI_FP8 = MoeShape(384, 7168, 256, 256, 8, "fp8_w8a8", (128, 128), model="Kimi-K2 TP8 (fp8 block)")
 KIMI_INT4 = MoeShape(384, 7168, 256, 128, 8, "int4_w4a16", (0, 32), model="Kimi-K2 TP8 (int4 group 32)")
-# 32 configs, 16 distinct compiles (GROUP_SIZE_M does not change the binary's shared memory).
+# 16 configs, 8 distinct (GROUP_SIZE_M does not change the shared memory): 16 compiles.
 SLICE = [
-    dict(BLOCK_SIZE_M=m, BLOCK_SIZE_N=n, BLOCK_SIZE_K=k, GROUP_SIZE_M=g, num_warps=8, num_stages=s)
-    for m, n, k, s, g in itertools.product((16, 128), (32, 256), (64, 128), (2, 4), (1, 64))
+    dict(BLOCK_SIZE_M=m, BLOCK_SIZE_N=n, BLOCK_SIZE_K=128, GROUP_SIZE_M=g, num_warps=8, num_stages=s)
+    for m, n, s, g in itertools.product((16, 128), (32, 256), (2, 4), (1, 64))
 ]
-SMALL = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=64, GROUP_SIZE_M=1, num_warps=8, num_stages=2)
+SMALL = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=8, num_stages=2)
 LARGE = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=256, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=8, num_stages=4)
-SMALL_BYTES = 3072  # 2 stages of a 16x64 fp8 A tile and a 64x32 fp8 B tile, one buffered
-LARGE_BYTES = 147456  # 3 buffered stages of (128x128 + 128x256) fp8: 144 KiB > 99 KiB
-# Of SLICE, these (M, N, K, stages) fit 101376 B in both releases (x2 GROUP_SIZE_M each).
-SLICE_FITTING = 2 * 14
+SMALL_BYTES = 6144  # one 16x128 fp8 A tile and one 128x32 fp8 B tile (2 stages: one buffered)
+LARGE_BYTES = 148480  # 3 buffered stages of 128x128 + 128x256 fp8 tiles (147456), plus the block scales
+# Of SLICE's 8 (M, N, stages), all but two fit 101376 B in both releases: LARGE, and the
+# one that rules it out uncompiled (a launch of a config inside it is already over the limit).
+INSIDE_LARGE = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=256, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=8, num_stages=4)
+INSIDE_LARGE_BYTES = 105472
+SLICE_FITTING = 2 * 6
 
 
 def kernel_source(version: str) -> bytes:
@@ -63,16 +66,26 @@ def triton_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sliced(tmp_path_factory):
-    """fit_configs(SLICE) per release, once, with progress calls and the cache it filled."""
+    """fit_configs(SLICE) per release, once pruned (cold) and once exhaustive (on the cache the
+    first filled: only what it ruled out is compiled), with their progress calls and cache."""
 
     @functools.cache
     def run(version: str):
         cache = tmp_path_factory.mktemp(f"smem-{version}")
-        calls = []
-        results = fit.fit_configs(
-            kernel_source(version), KIMI_FP8, SLICE, jobs=2, cache_dir=cache, progress=lambda *a: calls.append(a)
-        )
-        return results, calls, cache
+        runs = []
+        for prune in (True, False):
+            calls = []
+            results = fit.fit_configs(
+                kernel_source(version),
+                KIMI_FP8,
+                SLICE,
+                prune=prune,
+                jobs=2,
+                cache_dir=cache,
+                progress=lambda *a, calls=calls: calls.append(a),
+            )
+            runs.append((results, calls))
+        return runs, cache
 
     return run
 
@@ -165,59 +178,89 @@ def test_unknown_dtype_is_a_user_error(module):
 # --- the sm_120 filter --------------------------------------------------------------------
 
 
+def point(config: dict) -> tuple[int, int, int, int]:
+    return config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"], config["num_stages"]
+
+
+def _find(results, config):
+    [found] = [r for r in results if r.config == config]
+    return found
+
+
 @pytest.mark.parametrize("version", RELEASES)
 def test_slice_fit_count_and_known_configs(sliced, version):
-    results, _, _ = sliced(version)
-    assert [r.config for r in results] == SLICE
-    by_config = {tuple(r.config.items()): r for r in results}
-    small, large = by_config[tuple(SMALL.items())], by_config[tuple(LARGE.items())]
-    assert small.fits and small.shared == SMALL_BYTES and small.launches == (SMALL_BYTES, SMALL_BYTES)
-    assert not large.fits and large.shared == LARGE_BYTES and large.error is None
-    assert all(r.fits == (r.error is None and r.shared <= aot.SM120_SMEM_OPTIN) for r in results)
-    assert sum(r.fits for r in results) == SLICE_FITTING
-    assert not any(r.error for r in results)
+    [(pruned, _), (exhaustive, _)], _ = sliced(version)
+    for results in (pruned, exhaustive):
+        assert [r.config for r in results] == SLICE
+        small = _find(results, SMALL)
+        assert small.fits and small.shared == SMALL_BYTES and small.launches == (SMALL_BYTES, SMALL_BYTES)
+        assert _find(results, INSIDE_LARGE).shared == INSIDE_LARGE_BYTES
+        assert sum(r.fits for r in results) == SLICE_FITTING and not any(r.error for r in results)
+    large = _find(exhaustive, LARGE)
+    assert not large.fits and large.shared == LARGE_BYTES and large.launches == (LARGE_BYTES, LARGE_BYTES)
+    assert all(r.fits == (r.shared <= aot.SM120_SMEM_OPTIN) for r in exhaustive)
 
 
 @pytest.mark.parametrize("version", RELEASES)
-def test_fit_agrees_with_an_in_process_compile(sliced, module, version):
-    """The workers' figure is what compiling the captured launch here gives."""
-    results, _, _ = sliced(version)
-    for config in (SMALL, LARGE):
-        [result] = [r for r in results if r.config == config]
-        launches = kernels.moe_launches(module(version), KIMI_FP8, config, fit.FIT_TOKENS)
-        assert result.launches == tuple(launch.shared_bytes() for launch in launches)
-
-
-@pytest.mark.parametrize("version", RELEASES)
-def test_group_size_m_and_tokens_do_not_change_shared_memory(module, version):
-    """What fit_configs relies on to compile once per (M, N, K, warps, stages): GROUP_SIZE_M
-    only reorders program ids, and tokens only reach integer arguments (and, in 0.5.23,
-    GDC_EARLY = tokens <= 512), none of which changes the shared memory."""
-    mod = module(version)
-    for config in (SMALL, LARGE):
-        reference = [launch.shared_bytes() for launch in kernels.moe_launches(mod, KIMI_FP8, config, fit.FIT_TOKENS)]
-        for group, tokens in ((64, fit.FIT_TOKENS), (1, 1), (1, 37)):
-            launches = kernels.moe_launches(mod, KIMI_FP8, {**config, "GROUP_SIZE_M": group}, tokens)
-            assert [launch.shared_bytes() for launch in launches] == reference, (config, group, tokens)
-
-
-@pytest.mark.parametrize("version", RELEASES)
-def test_each_distinct_compile_runs_once_and_the_second_run_is_cached(sliced, monkeypatch, version):
-    results, calls, cache = sliced(version)
-    distinct = len({(c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"], c["BLOCK_SIZE_K"], c["num_stages"]) for c in SLICE})
+def test_pruning_rules_out_what_contains_a_config_over_the_limit(sliced, version):
+    [(pruned, calls), (exhaustive, again)], _ = sliced(version)
+    large = _find(pruned, LARGE)
+    assert not large.fits and large.shared is None and large.at_least == INSIDE_LARGE_BYTES
+    assert large.launches == (None, None) and large.error is None
+    assert [r.fits for r in pruned] == [r.fits for r in exhaustive]
+    assert {point(r.config) for r in pruned if r.shared is None} == {point(LARGE)}
+    distinct = len({point(c) for c in SLICE})
     assert calls[0] == (0, 2 * distinct) and calls[-1] == (2 * distinct, 2 * distinct)
-    assert len(calls) == 2 * distinct + 1  # one call per compile
+    assert again[0] == (2 * distinct - 2, 2 * distinct)  # the exhaustive rerun compiles LARGE's two launches only
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_fit_agrees_with_an_in_process_compile_for_any_group_size_and_tokens(sliced, module, version):
+    """The workers' figures (LLVM's optimiser off) are what a plain compile of the captured
+    launch gives here; and what fit_configs relies on to compile once per (M, N, K, warps,
+    stages): GROUP_SIZE_M only reorders program ids, and tokens only reach integer arguments
+    (and, in 0.5.23, GDC_EARLY = tokens <= 512), none of which changes the shared memory."""
+    [_, (exhaustive, _)], _ = sliced(version)
+    mod = module(version)
+    for config in (SMALL, INSIDE_LARGE):
+        expected = _find(exhaustive, config).launches
+        for group, tokens in ((1, fit.FIT_TOKENS), (64, fit.FIT_TOKENS), (1, 1)):
+            launches = kernels.moe_launches(mod, KIMI_FP8, {**config, "GROUP_SIZE_M": group}, tokens)
+            assert tuple(launch.shared_bytes() for launch in launches) == expected, (config, group, tokens)
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_shared_memory_grows_with_every_tile_dimension_and_stage(sliced, version):
+    """The monotone rule pruning relies on, on the slice (the whole space of two shapes was
+    checked when it was introduced): no step up in M, N, K or stages lowers a launch's bytes."""
+    [_, (exhaustive, _)], _ = sliced(version)
+    bytes_at = {point(r.config): r.launches for r in exhaustive}
+    steps = 0
+    for here, launches in bytes_at.items():
+        for axis in range(4):
+            bigger = [
+                p for p in bytes_at if p[axis] > here[axis] and all(p[i] == here[i] for i in range(4) if i != axis)
+            ]
+            for other in bigger:
+                steps += 1
+                assert all(a <= b for a, b in zip(launches, bytes_at[other])), (here, other)
+    assert steps == 12
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_a_second_run_is_served_from_the_cache(sliced, monkeypatch, version):
+    [_, (exhaustive, _)], cache = sliced(version)
 
     def no_compiler(*args, **kwargs):
         raise AssertionError("a cached config was compiled again")
 
     monkeypatch.setattr(fit, "_Worker", no_compiler)
-    again = []
-    second = fit.fit_configs(
-        kernel_source(version), KIMI_FP8, SLICE, cache_dir=cache, progress=lambda *a: again.append(a)
+    calls = []
+    assert (
+        fit.fit_configs(kernel_source(version), KIMI_FP8, SLICE, cache_dir=cache, progress=lambda *a: calls.append(a))
+        == exhaustive
     )
-    assert second == results
-    assert again == [(2 * distinct, 2 * distinct)]
+    assert calls == [(16, 16)]
 
 
 def test_a_config_the_compiler_rejects_does_not_fit(tmp_path):
@@ -225,7 +268,8 @@ def test_a_config_the_compiler_rejects_does_not_fit(tmp_path):
     config = {**SMALL, "BLOCK_SIZE_K": 16}
     shape = MoeShape(384, 7168, 256, 256, 8, "fp8_w8a8")
     [result] = fit.fit_configs(kernel_source("0.5.23"), shape, [config], jobs=1, cache_dir=tmp_path)
-    assert not result.fits and result.shared is None and result.error
+    assert not result.fits and result.shared is None and result.launches == (None, None)
+    assert result.error.startswith("CompilationError: ") and "K >= 32" in result.error
 
 
 def test_importing_fit_does_not_import_triton():

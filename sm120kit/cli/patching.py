@@ -119,21 +119,27 @@ def cmd_patches(args) -> int:
 
 
 def cmd_status(args) -> int:
+    import os
+
     from sm120kit import report
     from sm120kit.patching import planning
+    from sm120kit.tune import audit
     from sm120kit.tune.install import inventory
 
     target, patches = load_target_and_patches(args)
     plan = planning.plan(target, patches, need_bytes=False, allow_missing=allowed_missing(args))
     tuned = inventory(target)
+    unfit = audit.on_this_gpu(target, os.environ)
     code = ExitCode.ERROR if tuned.problems else plan.exit_code(check=True)
     if args.json:
-        report.emit_json(report.plan_json("status", plan, code, report.tuned_json(tuned)))
+        unfit_json = {"tuned_unfit": [t.as_json() for t in unfit]}
+        report.emit_json(report.plan_json("status", plan, code, {**report.tuned_json(tuned), **unfit_json}))
         return code
     width = report.output_width(args.wide)
     report.print_plan(plan, args.debug, width)
     print(report.wrap(report.summary(plan.findings), width))
     report.print_tuned(tuned, width)
+    report.print_warnings([audit.warning(t) for t in unfit], args.wide)
     _say_why(code, width)
     return code
 

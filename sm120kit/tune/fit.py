@@ -40,6 +40,8 @@ FIT_TOKENS = 1024
 CANONICAL_GROUP_SIZE_M = 1
 CACHE_ENV = "SM120KIT_CACHE_DIR"
 CRASHED = "the Triton compiler's process died on this config"
+MAX_DEATHS_IN_A_ROW = 4
+CACHE_FORMAT = 1  # raise when what a cached figure means changes
 
 
 @dataclass(frozen=True)
@@ -202,7 +204,7 @@ def _compile_all(sweep: _Sweep, source, shape, arch, tokens, jobs, scratch, prog
     (scratch / "kernel.py").write_bytes(source)
     init = {"source": str(scratch / "kernel.py"), "shape": shape.to_json(), "arch": arch, "tokens": tokens}
     lock, stop = threading.Lock(), threading.Event()
-    attempts, workers = {}, []
+    attempts, workers, deaths = {}, [], []  # deaths: logs of workers that died in a row
 
     def drive() -> None:
         worker = None
@@ -212,19 +214,24 @@ def _compile_all(sweep: _Sweep, source, shape, arch, tokens, jobs, scratch, prog
                 if key is None:
                     break
                 if worker is None:
-                    worker = _Worker(init, scratch)
+                    worker = _Worker(init, scratch / f"worker-{len(workers)}.log")
                     workers.append(worker)
             value = worker.compile(*sweep.units[key])
             with lock:
                 if value is None:  # it died: this key again in a fresh one, once
+                    deaths.append(worker.log)
                     worker = None
                     attempts[key] = attempts.get(key, 0) + 1
+                    if len(deaths) >= MAX_DEATHS_IN_A_ROW:  # not the config: the workers cannot run
+                        stop.set()
                     if stop.is_set():
                         break
                     if attempts[key] < 2:
                         sweep.retry(key)
                         continue
                     value = (None, CRASHED)
+                if value[1] != CRASHED:
+                    deaths.clear()
                 sweep.record(key, value)
                 if progress:
                     progress(*sweep.progress())
@@ -245,22 +252,33 @@ def _compile_all(sweep: _Sweep, source, shape, arch, tokens, jobs, scratch, prog
                 worker.kill()
         for thread in threads:
             thread.join()
+    if len(deaths) >= MAX_DEATHS_IN_A_ROW:
+        raise RuntimeError(f"the Triton compiler workers keep dying; the last one said:\n{_tail(deaths[-1])}")
     if progress:
         progress(*sweep.progress())
+
+
+def _tail(log: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 class _Worker:
     """One compiler process: a JSON line in (config, launch index), a JSON line out
     ([shared, error]) on its own pipe (Triton prints ptxas failures to stdout)."""
 
-    def __init__(self, init: dict, scratch: Path):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sm120kit.tune.fit", str(scratch)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
+    def __init__(self, init: dict, log: Path):
+        self.log = log
+        with log.open("w") as stderr:  # what Triton prints (ptxas failures), and a crash's traceback
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sm120kit.tune.fit", str(log.parent)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+            )
         self.send(init)
 
     def send(self, message: dict) -> bool:
@@ -322,10 +340,17 @@ def _serve(scratch: Path) -> None:
         try:
             answer = [launch.shared_bytes(arch), None]
         except Exception as exc:  # a config the compiler rejects (e.g. ptxas) does not fit
-            text = str(exc).strip()
-            answer = [None, f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]]
+            answer = [None, _why(exc)]
         answers.write(json.dumps(answer) + "\n")
         answers.flush()
+
+
+def _why(exc: Exception) -> str:
+    """One line: Triton's errors end with the cause (CompilationError: after the source
+    excerpt; PTXASError: ptxas's last words, before the repro command)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith("Repro command")]
+    return f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:300]
 
 
 class _Cache:
@@ -334,7 +359,7 @@ class _Cache:
 
     def __init__(self, root: Path, source: bytes):
         digest = hashlib.sha256(source).hexdigest()[:24]
-        self.path = Path(root) / f"{digest}-triton-{aot.triton_version()}.json"
+        self.path = Path(root) / f"v{CACHE_FORMAT}-{digest}-triton-{aot.triton_version()}.json"
         try:
             self.entries = json.loads(self.path.read_text())
         except (OSError, ValueError):

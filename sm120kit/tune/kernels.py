@@ -13,6 +13,7 @@ from types import ModuleType
 from sm120kit.errors import UserError
 from sm120kit.tune import aot
 from sm120kit.tune.shape import MoeShape
+from sm120kit.tune.space import CONFIG_KEYS
 
 # Where releases keep the file that defines `fused_moe_kernel`, newest layout first (paths
 # inside site-packages, as the wheels have them).
@@ -55,7 +56,12 @@ def find_kernel_file(site: Path) -> Path:
 def load(source: bytes, tmpdir: Path, capability: tuple[int, int] = (12, 0), origin: str = "") -> ModuleType:
     """The kernel file's kernels and launcher, importable without sglang or torch (origin:
     the file's name, for messages)."""
-    module = aot.load_kernels(source, tmpdir)
+    return prepare(aot.load_kernels(source, tmpdir), capability, origin)
+
+
+def prepare(module: ModuleType, capability: tuple[int, int] = (12, 0), origin: str = "") -> ModuleType:
+    """A kernel file loaded by aot.load_kernels, made ready for moe_launches on a GPU of
+    this capability."""
     missing = [name for name in (*KERNELS, ENTRY) if not hasattr(module, name)]
     if missing:
         raise UserError(
@@ -149,6 +155,7 @@ def moe_launches(module: ModuleType, shape: MoeShape, config: dict, m: int) -> l
     tokens with `config` (the up GEMM's, then the down GEMM's), captured, not restated.
     Routing as fused_experts sets it without expert parallelism (filter_expert=False), the
     activation scales dynamic, no bias, no zero points, no TMA."""
+    config = _launchable(config)
     t, e, k = aot.FakeTensor, shape.experts, shape.top_k
     block_m = config["BLOCK_SIZE_M"]
     tokens = m * k  # moe_align_block_size's buffers: sorted ids padded per expert (E + 1 slots)
@@ -178,7 +185,7 @@ def moe_launches(module: ModuleType, shape: MoeShape, config: dict, m: int) -> l
                 **routing,
                 mul_routed_weight=gemm.mul_routed_weight,
                 top_k=gemm.top_k,
-                config=dict(config),
+                config=dict(config),  # the launcher reads it; keep ours intact
                 compute_type=module.tl.bfloat16,
                 **flags,
                 per_channel_quant=shape.per_channel_quant,
@@ -191,6 +198,22 @@ def moe_launches(module: ModuleType, shape: MoeShape, config: dict, m: int) -> l
                 f"sglang's {ENTRY} rejects this MoE ({shape.dtype}, block {shape.block_shape}): {exc}"
             ) from None
     return launches
+
+
+def _launchable(config: dict) -> dict:
+    """The config as invoke_fused_moe_kernel receives it: sglang pops USE_TMA before the
+    call (true switches the launch to TMA descriptors, which this module does not model)."""
+    config = dict(config)
+    if config.pop("USE_TMA", False):
+        raise UserError(f"config {config} asks for TMA (USE_TMA: true): sm120kit does not check TMA launches")
+    missing, unknown = set(CONFIG_KEYS) - set(config), set(config) - set(CONFIG_KEYS)
+    if missing or unknown:
+        raise UserError(
+            f"config {config}: {'missing ' + ', '.join(sorted(missing)) if missing else ''}"
+            f"{'; ' if missing and unknown else ''}{'unknown ' + ', '.join(sorted(unknown)) if unknown else ''}",
+            f"a fused-MoE config has exactly the keys {', '.join(CONFIG_KEYS)}",
+        )
+    return config
 
 
 def _accepts(module: ModuleType, keyword: str) -> bool:
