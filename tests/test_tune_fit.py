@@ -12,6 +12,7 @@ import functools
 import itertools
 import subprocess
 import sys
+import zipfile
 
 import pytest
 from conftest import WINDOW, wheel_bytes
@@ -40,17 +41,12 @@ INSIDE_LARGE_BYTES = 105472
 SLICE_FITTING = 2 * 6
 
 
-def kernel_source(version: str) -> bytes:
-    [relpath] = [p for p in kernels.KERNEL_FILES if _in_wheel(version, p)]
-    return wheel_bytes(version, relpath)
-
-
 @functools.cache
-def _in_wheel(version: str, relpath: str) -> bool:
-    import zipfile
-
+def kernel_source(version: str) -> bytes:
+    """The release's fused-MoE kernel file, wherever that release keeps it."""
     with zipfile.ZipFile(wheels.fetch("sglang", version)) as zf:
-        return relpath in zf.namelist()
+        [relpath] = [path for path in kernels.KERNEL_FILES if path in zf.namelist()]
+    return wheel_bytes(version, relpath)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -168,6 +164,30 @@ def test_int4_launches_the_gptq_awq_kernel_on_packed_weights(module, version):
     assert up.args["K"] == 7168  # A's K, unpacked
 
 
+def test_a_down_table_drives_the_down_gemm_only(module):
+    [down] = kernels.moe_launches(module("0.5.23"), KIMI_FP8, SMALL, 64, gemms=("w2",))
+    assert down.args["MUL_ROUTED_WEIGHT"] and down.args["K"] == 256
+
+
+def test_even_ks_splits_the_families_pruning_compares(module):
+    """The GPTQ/AWQ kernel's down GEMM of Kimi K2 int4 (K = 256, 128 bytes packed) needs less
+    at BLOCK_SIZE_K 256 than at 128: there sglang's even_Ks (from the packed K) turns false
+    and B's loads are masked. Pruning compares only launches of one family, and even_Ks
+    is part of it."""
+    mod = module("0.5.23")
+    families = [
+        [
+            launch.compile_keys(120, fit.TILE)[1]
+            for launch in kernels.moe_launches(mod, KIMI_INT4, {**SMALL, "BLOCK_SIZE_K": k}, 64)
+        ]
+        for k in (128, 256)
+    ]
+    assert [
+        launch.args["even_Ks"] for launch in kernels.moe_launches(mod, KIMI_INT4, {**SMALL, "BLOCK_SIZE_K": 256}, 64)
+    ] == [True, False]
+    assert families[0][0] == families[1][0] and families[0][1] != families[1][1]
+
+
 def test_unknown_dtype_is_a_user_error(module):
     with pytest.raises(UserError, match="mxfp4"):
         kernels.moe_launches(module("0.5.23"), MoeShape(8, 64, 32, 32, 2, "mxfp4"), SMALL, 1)
@@ -231,8 +251,9 @@ def test_fit_agrees_with_an_in_process_compile_for_any_group_size_and_tokens(sli
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_shared_memory_grows_with_every_tile_dimension_and_stage(sliced, version):
-    """The monotone rule pruning relies on, on the slice (the whole space of two shapes was
-    checked when it was introduced): no step up in M, N, K or stages lowers a launch's bytes."""
+    """The monotone rule pruning relies on, on the slice (the whole space of the Kimi-K2
+    shape was checked in bf16, block fp8 and int4 when it was introduced): within a family,
+    no step up in M, N, K or stages lowers a launch's bytes."""
     [_, (exhaustive, _)], _ = sliced(version)
     bytes_at = {point(r.config): r.launches for r in exhaustive}
     steps = 0
@@ -270,6 +291,29 @@ def test_a_config_the_compiler_rejects_does_not_fit(tmp_path):
     [result] = fit.fit_configs(kernel_source("0.5.23"), shape, [config], jobs=1, cache_dir=tmp_path)
     assert not result.fits and result.shared is None and result.launches == (None, None)
     assert result.error.startswith("CompilationError: ") and "K >= 32" in result.error
+
+
+def test_configs_with_keys_the_launcher_does_not_take_are_user_errors(module):
+    with pytest.raises(UserError, match="TMA"):
+        kernels.moe_launches(module("0.5.23"), KIMI_FP8, {**SMALL, "USE_TMA": True}, 1)
+    with pytest.raises(UserError, match="unknown waves_per_eu"):
+        kernels.moe_launches(module("0.5.23"), KIMI_FP8, {**SMALL, "waves_per_eu": 0}, 1)
+    assert kernels.moe_launches(module("0.5.23"), KIMI_FP8, {**SMALL, "USE_TMA": False}, 1)  # what sglang pops
+
+
+def test_workers_that_keep_dying_stop_the_sweep_with_their_last_words(tmp_path, monkeypatch):
+    def garbage(self, message):  # each worker fails on its first line, with a traceback
+        try:
+            self.proc.stdin.write("not json\n")
+            self.proc.stdin.flush()
+            return True
+        except OSError:
+            return False
+
+    monkeypatch.setattr(fit._Worker, "send", garbage)
+    with pytest.raises(RuntimeError, match=r"keep dying(.|\n)*JSONDecodeError"):
+        fit.fit_configs(kernel_source("0.5.23"), KIMI_FP8, [SMALL, INSIDE_LARGE], jobs=1, cache_dir=tmp_path)
+    assert not list(tmp_path.rglob("*.json"))  # nothing learned, nothing cached
 
 
 def test_importing_fit_does_not_import_triton():

@@ -190,6 +190,9 @@ class Launch:
     def compile_key(self, arch: int = 120) -> str:
         return compile_key(self.kernel, self.args, self.num_warps, self.num_stages, arch, **self.options)
 
+    def compile_keys(self, arch: int = 120, vary: tuple[str, ...] = ()) -> tuple[str, str]:
+        return compile_keys(self.kernel, self.args, self.num_warps, self.num_stages, arch, vary, **self.options)
+
 
 def capture_launches(module: ModuleType, kernel_names, entry: str, *args, **kwargs) -> list[Launch]:
     """Call module.<entry>(*args, **kwargs) (e.g. the real invoke_fused_moe_kernel with
@@ -273,9 +276,22 @@ def specialize(kernel, args: dict) -> tuple[dict, dict, dict]:
 def compile_key(kernel, args: dict, num_warps: int, num_stages: int, arch: int = 120, **options) -> str:
     """What triton.compile's result depends on besides the kernel's source and Triton itself:
     equal keys compile to the same binary (and the same shared memory)."""
+    return compile_keys(kernel, args, num_warps, num_stages, arch, **options)[0]
+
+
+def compile_keys(
+    kernel, args: dict, num_warps: int, num_stages: int, arch: int = 120, vary: tuple[str, ...] = (), **options
+) -> tuple[str, str]:
+    """(compile_key, the key of its family): the same compile inputs less the constexprs
+    named in `vary` and num_stages. One specialisation for both."""
     signature, constexprs, attrs = specialize(kernel, args)
-    text = repr((kernel.__name__, signature, constexprs, sorted(attrs.items()), num_warps, num_stages, arch))
-    return hashlib.sha256((text + repr(sorted(options.items()))).encode()).hexdigest()
+    common = (kernel.__name__, signature, sorted(attrs.items()), num_warps, arch, sorted(options.items()))
+    family = {name: value for name, value in constexprs.items() if name not in vary}
+    return _digest((*common, constexprs, num_stages)), _digest((*common, family))
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(repr(value).encode()).hexdigest()
 
 
 def compile_for(kernel, args: dict, num_warps: int, num_stages: int, arch: int = 120, **options):

@@ -3,13 +3,14 @@ the down GEMM, as the release's launcher makes them) compiled for the target wit
 the CPU, and `metadata.shared` compared with the opt-in limit, as Triton does at launch.
 
 Three things keep a full space affordable, each checked on the real kernels
-(tests/test_tune_fit.py; the whole space of the Kimi-K2 TP8 shape, bf16 and block fp8, in
-0.5.23 for the monotone rule):
+(tests/test_tune_fit.py; for the monotone rule, the whole space of the Kimi-K2 TP8 shape
+in 0.5.23, bf16, block fp8 and int4 GPTQ):
 - GROUP_SIZE_M only reorders program ids (scalar arithmetic at the top of both kernels), so
   configs that differ in it alone share one compile.
 - A launch's shared memory never decreases when BLOCK_SIZE_M, _N, _K or num_stages grows
-  (num_warps fixed), so a config that contains a smaller one already over the limit is
-  ruled out without compiling it (prune=False compiles everything).
+  and every other compile input (warps, even_Ks, ...) stays, so a config that contains a
+  smaller one already over the limit is ruled out without compiling it (prune=False
+  compiles everything).
 - The workers run Triton with LLVM's optimiser off: shared memory is fixed in MLIR before
   LLVM runs, and O3 on a large tile is most of its compile time.
 Compiles run in worker processes (this module, run with -m); results are kept in a small
@@ -22,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,9 +40,11 @@ from sm120kit.tune.shape import MoeShape
 # GDC_EARLY (tokens <= 512); none of these changes shared memory (checked by the tests).
 FIT_TOKENS = 1024
 CANONICAL_GROUP_SIZE_M = 1
+TILE = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M")  # what varies within a family
 CACHE_ENV = "SM120KIT_CACHE_DIR"
 CRASHED = "the Triton compiler's process died on this config"
 MAX_DEATHS_IN_A_ROW = 4
+MAX_JOBS = 32
 CACHE_FORMAT = 1  # raise when what a cached figure means changes
 
 
@@ -50,7 +54,7 @@ class FitResult:
     shared: int | None  # bytes of shared memory, the largest of the launches' (None: not all compiled)
     fits: bool  # every launch compiled and needs at most the limit
     error: str | None = None  # why a launch did not compile (a ptxas or compiler failure)
-    launches: tuple[int | None, ...] = field(default=())  # bytes per launch (up GEMM, down GEMM); None: not compiled
+    launches: tuple[int | None, ...] = field(default=())  # bytes per launch (of `gemms`); None: not compiled
     at_least: int | None = None  # ruled out uncompiled: a smaller config's launch already needs this many bytes
 
     def to_json(self) -> dict:
@@ -74,10 +78,12 @@ def default_cache_dir() -> Path:
 
 
 def default_jobs() -> int:
+    """One worker per CPU, at most MAX_JOBS (each holds Triton and LLVM: 0.2-0.5 GB)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+    return min(cpus, MAX_JOBS)
 
 
 def fit_configs(
@@ -88,6 +94,7 @@ def fit_configs(
     limit: int = aot.SM120_SMEM_OPTIN,
     arch: int = 120,
     tokens: int = FIT_TOKENS,
+    gemms: tuple[str, ...] = kernels.GEMMS,
     prune: bool = True,
     jobs: int | None = None,
     cache_dir: Path | None = None,
@@ -95,18 +102,19 @@ def fit_configs(
 ) -> list[FitResult]:
     """One FitResult per config, in order: the shared memory its launches need on `arch`
     (compiled from `kernel_source`, the release's fused_moe_triton_kernels.py) and whether
-    that fits `limit`. progress(done, total) counts distinct compiles, those cached or ruled
-    out included. Ctrl-C keeps what finished in the cache."""
+    that fits `limit`. `gemms`: the launches a config drives (("w2",) for a `_down.json`
+    table). progress(done, total) counts distinct compiles, those cached or ruled out
+    included. Ctrl-C keeps what finished in the cache."""
     cache = _Cache(cache_dir or default_cache_dir(), kernel_source)
     with tempfile.TemporaryDirectory(prefix="sm120kit-fit-") as scratch:
         module = kernels.load(kernel_source, Path(scratch), (arch // 10, arch % 10))
         sweep, per_config = _Sweep(limit, prune), []
         for config in configs:
             canonical = {**config, "GROUP_SIZE_M": CANONICAL_GROUP_SIZE_M}
-            keys = [launch.compile_key(arch) for launch in kernels.moe_launches(module, shape, canonical, tokens)]
-            per_config.append(keys)
-            for index, key in enumerate(keys):
-                sweep.add(key, canonical, index)
+            launches = kernels.moe_launches(module, shape, canonical, tokens, gemms)
+            keys = [launch.compile_keys(arch, TILE) for launch in launches]
+            per_config.append([key for key, _ in keys])
+            sweep.add(canonical, keys)
         for key in list(sweep.units):
             if (cached := cache.get(key)) is not None:
                 sweep.record(key, cached)
@@ -114,7 +122,7 @@ def fit_configs(
         if progress:
             progress(*sweep.progress())
         try:
-            _compile_all(sweep, kernel_source, shape, arch, tokens, jobs, Path(scratch), progress)
+            _compile_all(sweep, kernel_source, shape, arch, tokens, gemms, jobs, Path(scratch), progress)
         finally:
             cache.save({key: value for key, value in sweep.found.items() if value[1] != CRASHED})
     return [sweep.result(config, keys) for config, keys in zip(configs, per_config)]
@@ -127,32 +135,47 @@ def _point(config: dict) -> tuple[int, int, int, int]:
 class _Sweep:
     """The distinct compiles (units: one launch of one config, GROUP_SIZE_M canonical), what
     each gave, and the order they are handed out in: smallest tiles first, so that with
-    `prune` the configs that contain one already over the limit are ruled out uncompiled."""
+    `prune` the configs that contain one already over the limit are ruled out uncompiled.
+    Only launches of one family are compared: the same compile inputs but for the tiles and
+    the stages (e.g. even_Ks = K % BLOCK_SIZE_K == 0 splits families: with a ragged last K
+    step, the GPTQ/AWQ kernel does not pipeline B, and needs less)."""
 
     def __init__(self, limit: int, prune: bool):
         self.limit, self.prune = limit, prune
         self.units: dict[str, tuple[dict, int]] = {}  # key -> (canonical config, launch index)
+        self.family: dict[str, str] = {}  # key -> its family
+        self.siblings: dict[str, list[str]] = {}  # key -> the keys of its config's launches
         self.found: dict[str, tuple[int | None, str | None]] = {}  # key -> (shared, error)
         self.ruled_out: set[str] = set()
-        self.over: list[tuple[tuple[int, int, int, int], int, int]] = []  # (point, warps, bytes)
+        self.over: dict[str, list[tuple[tuple[int, int, int, int], int]]] = {}  # family -> [(point, bytes)]
         self.order: list[str] | None = None
 
-    def add(self, key: str, config: dict, index: int) -> None:
-        self.units.setdefault(key, (config, index))
+    def add(self, config: dict, keys: list[tuple[str, str]]) -> None:
+        siblings = [key for key, _ in keys]
+        for index, (key, family) in enumerate(keys):
+            if key not in self.units:
+                self.units[key], self.family[key], self.siblings[key] = (config, index), family, siblings
 
     def record(self, key: str, value: tuple[int | None, str | None]) -> None:
         self.found[key] = value
         shared = value[0]
         if shared is not None and shared > self.limit:
-            config, _ = self.units[key]
-            self.over.append((_point(config), config["num_warps"], shared))
+            self.over.setdefault(self.family[key], []).append((_point(self.units[key][0]), shared))
 
-    def bound(self, config: dict) -> int | None:
-        """The most bytes a launch of a config inside this one (same warps) needs, when
-        that is over the limit: by monotonicity, this config's launch needs as many."""
-        point, warps = _point(config), config["num_warps"]
-        sizes = [b for p, w, b in self.over if w == warps and all(x <= y for x, y in zip(p, point))]
-        return max(sizes) if self.prune and sizes else None
+    def bound(self, keys: list[str]) -> int | None:
+        """With prune: the most bytes that a launch of the same family with smaller or equal
+        tiles and stages needs, when that is over the limit (by monotonicity, the config of
+        these launches needs as many), else None."""
+        if not self.prune:
+            return None
+        sizes = [
+            size
+            for key in keys
+            for point in [_point(self.units[key][0])]
+            for smaller, size in self.over.get(self.family[key], ())
+            if all(x <= y for x, y in zip(smaller, point))
+        ]
+        return max(sizes, default=None)
 
     def next_unit(self) -> str | None:
         """The next key to compile, or None; ruled-out keys are skipped (and counted)."""
@@ -162,7 +185,7 @@ class _Sweep:
             key = self.order.pop()
             if key in self.found:
                 continue
-            if self.bound(self.units[key][0]) is not None:
+            if self.bound(self.siblings[key]) is not None:
                 self.ruled_out.add(key)
                 continue
             return key
@@ -178,7 +201,8 @@ class _Sweep:
 
     def rule_out_known(self) -> None:
         """Mark what the results so far (e.g. cached ones) already rule out."""
-        self.ruled_out |= {k for k, (c, _) in self.units.items() if k not in self.found and self.bound(c) is not None}
+        pending = (key for key in self.units if key not in self.found)
+        self.ruled_out |= {key for key in pending if self.bound(self.siblings[key]) is not None}
 
     def progress(self) -> tuple[int, int]:
         return len(self.found) + len(self.ruled_out), len(self.units)
@@ -190,11 +214,10 @@ class _Sweep:
         if None not in sizes:
             shared = max(sizes)
             return FitResult(dict(config), shared, error is None and shared <= self.limit, error, sizes)
-        at_least = None if error else self.bound(config)
-        return FitResult(dict(config), None, False, error, sizes, at_least)
+        return FitResult(dict(config), None, False, error, sizes, None if error else self.bound(keys))
 
 
-def _compile_all(sweep: _Sweep, source, shape, arch, tokens, jobs, scratch, progress) -> None:
+def _compile_all(sweep: _Sweep, source, shape, arch, tokens, gemms, jobs, scratch, progress) -> None:
     """Compile what the sweep hands out in worker processes (`python -m sm120kit.tune.fit`,
     one unit at a time each). A unit whose worker dies is tried once more in a fresh
     worker, then recorded as CRASHED (and not cached)."""
@@ -203,6 +226,7 @@ def _compile_all(sweep: _Sweep, source, shape, arch, tokens, jobs, scratch, prog
         return
     (scratch / "kernel.py").write_bytes(source)
     init = {"source": str(scratch / "kernel.py"), "shape": shape.to_json(), "arch": arch, "tokens": tokens}
+    init["gemms"] = list(gemms)
     lock, stop = threading.Lock(), threading.Event()
     attempts, workers, deaths = {}, [], []  # deaths: logs of workers that died in a row
 
@@ -325,22 +349,24 @@ def _serve(scratch: Path) -> None:
     os.dup2(2, 1)
     own = scratch / f"worker-{os.getpid()}"
     own.mkdir(parents=True, exist_ok=True)
-    os.environ["TRITON_CACHE_DIR"] = str(own / "triton")
+    os.environ["TRITON_CACHE_DIR"] = str(own / "triton")  # emptied after each compile: none repeats
+    os.environ["TRITON_STORE_BINARY_ONLY"] = "1"
     # Shared memory is fixed in MLIR (ttg.shared), before LLVM runs: its O3 pass, up to 3/4
     # of a large tile's compile time, only shapes the code we never run. ptxas still runs.
     os.environ["DISABLE_LLVM_OPT"] = "1"
     init = json.loads(sys.stdin.readline())
     fields = init["shape"]
     shape = MoeShape(**{**fields, "block_shape": tuple(fields["block_shape"]) if fields["block_shape"] else None})
-    arch, tokens = init["arch"], init["tokens"]
+    arch, tokens, gemms = init["arch"], init["tokens"], tuple(init["gemms"])
     module = kernels.load(Path(init["source"]).read_bytes(), own, (arch // 10, arch % 10))
     for line in sys.stdin:
         task = json.loads(line)
-        launch = kernels.moe_launches(module, shape, task["config"], tokens)[task["index"]]
+        launch = kernels.moe_launches(module, shape, task["config"], tokens, gemms)[task["index"]]
         try:
             answer = [launch.shared_bytes(arch), None]
         except Exception as exc:  # a config the compiler rejects (e.g. ptxas) does not fit
             answer = [None, _why(exc)]
+        shutil.rmtree(own / "triton", ignore_errors=True)
         answers.write(json.dumps(answer) + "\n")
         answers.flush()
 

@@ -27,6 +27,7 @@ ENTRY = "invoke_fused_moe_kernel"
 # sglang's config dtype names (get_config_dtype_str) this module knows how to launch.
 DTYPES = (None, "fp8_w8a8", "int8_w8a8", "int8_w8a16", "int4_w4a16")
 DTYPE_FLAGS = ("use_fp8_w8a8", "use_int8_w8a8", "use_int8_w8a16", "use_int4_w4a16")
+GEMMS = ("w13", "w2")  # up (gate and up projections, fused), down
 
 
 def defines_fused_moe_kernel(source: bytes) -> bool:
@@ -115,7 +116,7 @@ class Gemm:
     top_k: int
 
 
-def gemms(shape: MoeShape, m: int) -> tuple[Gemm, Gemm]:
+def both_gemms(shape: MoeShape, m: int) -> tuple[Gemm, Gemm]:
     """The up GEMM (A [m, hidden], B [E, 2*intermediate, hidden]) and the down GEMM
     (A [m*top_k, intermediate], B [E, hidden, intermediate]), with the weights and scales
     as sglang's quantisation methods lay them out for `shape.dtype`."""
@@ -139,7 +140,7 @@ def gemms(shape: MoeShape, m: int) -> tuple[Gemm, Gemm]:
         weight = t((e, n, kk), "float8_e4m3fn" if shape.dtype == "fp8_w8a8" else "int8")
         if block:
             return weight, t((e, -(-n // block[0]), -(-kk // block[1])), "float32")
-        if shape.per_channel_quant or shape.dtype == "int8_w8a8":
+        if shape.per_channel_quant:  # int8_w8a8 requires it (the launcher asserts so)
             return weight, t((e, n, 1), "float32")
         return weight, t((e,), "float32")
 
@@ -150,15 +151,22 @@ def gemms(shape: MoeShape, m: int) -> tuple[Gemm, Gemm]:
     return up, down
 
 
-def moe_launches(module: ModuleType, shape: MoeShape, config: dict, m: int) -> list[aot.Launch]:
+def moe_launches(
+    module: ModuleType, shape: MoeShape, config: dict, m: int, gemms: tuple[str, ...] = GEMMS
+) -> list[aot.Launch]:
     """The launches the release's invoke_fused_moe_kernel makes for one MoE forward of m
-    tokens with `config` (the up GEMM's, then the down GEMM's), captured, not restated.
+    tokens with `config` (the up GEMM's, then the down GEMM's; `gemms` picks: a `_down.json`
+    table configures the down GEMM only), captured, not restated.
     Routing as fused_experts sets it without expert parallelism (filter_expert=False), the
     activation scales dynamic, no bias, no zero points, no TMA."""
+    if unknown := set(gemms) - set(GEMMS):
+        raise ValueError(f"no GEMM {sorted(unknown)}: a MoE forward has {', '.join(GEMMS)}")
     config = _launchable(config)
     t, e, k = aot.FakeTensor, shape.experts, shape.top_k
     block_m = config["BLOCK_SIZE_M"]
-    tokens = m * k  # moe_align_block_size's buffers: sorted ids padded per expert (E + 1 slots)
+    # moe_align_block_size's buffers: sorted ids padded per expert (E + 1 slots; 0.5.23 also
+    # rounds up to a multiple of 4). Their length reaches the kernel as the integer EM only.
+    tokens = m * k
     padded = tokens * block_m if tokens < e + 1 else tokens + (e + 1) * (block_m - 1)
     routing = dict(
         topk_weights=t((m, k), "float32"),
@@ -169,7 +177,9 @@ def moe_launches(module: ModuleType, shape: MoeShape, config: dict, m: int) -> l
     )
     flags = {flag: shape.dtype == flag.removeprefix("use_") for flag in DTYPE_FLAGS}
     launches = []
-    for gemm in gemms(shape, m):
+    for gemm in both_gemms(shape, m):
+        if gemm.name not in gemms:
+            continue
         try:
             launches += aot.capture_launches(
                 module,
