@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field
 
 DEFAULT_THRESHOLD = 0.10  # a doubling that gains less than this is a plateau
 MAX_LEVEL = 1_000_000  # concurrent requests in one level (the profile model's MAX_REQUESTS)
@@ -46,8 +47,9 @@ def parse_levels(text: str) -> list[int]:
 class Level:
     concurrency: int
     prompts: int
-    figures: dict | None  # the client's JSON line; None when it wrote none
-    error: str = ""  # why the level produced no figures
+    figures: dict | None  # the client's JSON line (with --repeat: the median of each figure); None: none
+    error: str = ""  # why the level (or, with --repeat, one of its runs) produced no figures
+    runs: list[dict | None] = field(default_factory=list)  # with --repeat: each run's JSON line (None: none)
 
     @property
     def completed(self) -> int:
@@ -61,8 +63,29 @@ class Level:
     def total(self) -> float | None:
         return self.figures.get("total_throughput") if self.figures else None
 
+    @property
+    def totals(self) -> list[float]:
+        """The total tok/s of each run that gave one (one run without --repeat)."""
+        if self.runs:
+            return [r["total_throughput"] for r in self.runs if r and r.get("total_throughput")]
+        return [self.total] if self.total else []
+
+    @property
+    def bounds(self) -> tuple[float, float] | None:
+        """(lowest, highest) run's total tok/s: the spread; a single run is its own bounds."""
+        totals = self.totals
+        return (min(totals), max(totals)) if totals else None
+
+    @property
+    def spread(self) -> float | None:
+        """(highest - lowest) / median of the runs' totals; None with fewer than two runs."""
+        totals = self.totals
+        if len(totals) < 2 or not self.total:
+            return None
+        return (max(totals) - min(totals)) / self.total
+
     def as_json(self) -> dict:
-        return {
+        doc = {
             "concurrency": self.concurrency,
             "prompts": self.prompts,
             "completed": self.completed,
@@ -70,6 +93,29 @@ class Level:
             "error": self.error,
             "figures": self.figures,
         }
+        if self.runs:
+            low, high = self.bounds or (None, None)
+            doc.update(runs=self.runs, total_min=low, total_max=high)
+        return doc
+
+
+def median_figures(runs: list[dict | None]) -> dict | None:
+    """One JSON line from several runs' lines: the median of each number; the rest as the
+    first run has it."""
+    ok = [r for r in runs if r]
+    if not ok:
+        return None
+    merged = dict(ok[0])
+    for key, value in ok[0].items():
+        numbers = [r.get(key) for r in ok]
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            numbers = [n for n in numbers if isinstance(n, (int, float)) and not isinstance(n, bool)]
+            merged[key] = statistics.median(numbers)
+    return merged
+
+
+def level_from_json(d: dict) -> Level:
+    return Level(d["concurrency"], d["prompts"], d["figures"], d.get("error", ""), d.get("runs") or [])
 
 
 def per_doubling(c1: int, t1: float, c2: int, t2: float) -> float:
@@ -84,9 +130,21 @@ class Verdict:
     lines: list[str]
 
 
+def _step(a: Level, b: Level) -> tuple[float, float, float]:
+    """(gain per doubling of the medians, lowest, highest gain the runs allow)."""
+    (a_lo, a_hi), (b_lo, b_hi) = a.bounds, b.bounds
+    gain = per_doubling(a.concurrency, a.total, b.concurrency, b.total)
+    low = per_doubling(a.concurrency, a_hi, b.concurrency, b_lo)
+    high = per_doubling(a.concurrency, a_lo, b.concurrency, b_hi)
+    return gain, min(low, gain), max(high, gain)
+
+
 def verdict(levels: list[Level], threshold: float = DEFAULT_THRESHOLD, max_running: int | None = None) -> Verdict:
     """Where doubling the concurrency gains less than `threshold`, from then on, the
-    throughput has plateaued: the limit is not concurrency."""
+    throughput has plateaued: the limit is not concurrency. With --repeat, a step counts
+    as flat only when even its highest gain the runs allow (the lowest run before, the
+    highest after) is under the threshold, and as scaling only when even its lowest is at
+    or above it; between the two it is within noise, and said so."""
     ok = [lv for lv in levels if lv.total]
     notes = []
     if max_running:
@@ -102,6 +160,9 @@ def verdict(levels: list[Level], threshold: float = DEFAULT_THRESHOLD, max_runni
                 f"concurrency {lv.concurrency}: {lv.failed} of {lv.prompts} requests failed"
                 + (f" ({lv.error})" if lv.error else "")
             )
+        elif lv.error and lv.figures:
+            notes.append(f"concurrency {lv.concurrency}: {lv.error}")
+    repeated = any(len(lv.totals) > 1 for lv in ok)
     if len(ok) < 2:
         return Verdict(
             None,
@@ -110,27 +171,43 @@ def verdict(levels: list[Level], threshold: float = DEFAULT_THRESHOLD, max_runni
         )
     lines = []
     best = max(ok, key=lambda lv: lv.total)
-    steps = [(a, b, per_doubling(a.concurrency, a.total, b.concurrency, b.total)) for a, b in itertools.pairwise(ok)]
+    steps = [(a, b, *_step(a, b)) for a, b in itertools.pairwise(ok)]
     flat_from = None
     for i in range(len(steps)):
-        if all(gain < threshold for _, _, gain in steps[i:]):
+        if all(high < threshold for *_, high in steps[i:]):
             flat_from = steps[i][0]
             break
-    gains = ", ".join(f"{b.concurrency} vs {a.concurrency}: {gain:+.1%}" for a, b, gain in steps)
+
+    def span(low: float, high: float) -> str:
+        return f" (runs: {low:+.1%} .. {high:+.1%})" if repeated else ""
+
+    gains = ", ".join(f"{b.concurrency} vs {a.concurrency}: {gain:+.1%}{span(lo, hi)}" for a, b, gain, lo, hi in steps)
+    last_a, last_b, last_gain, last_lo, last_hi = steps[-1]
     if flat_from is not None:
-        last_a, last_b, last_gain = steps[-1]
         lines.append(
             f"{last_b.concurrency} vs {last_a.concurrency}: {last_gain:+.1%} — throughput has plateaued near "
             f"{int(best.total):,} tok/s from concurrency {flat_from.concurrency} on (each doubling gains under "
             f"{threshold:.0%}); the limit is not concurrency"
         )
-    else:
-        a, b, gain = steps[-1]
+    elif last_lo >= threshold:
         lines.append(
-            f"{b.concurrency} vs {a.concurrency}: {gain:+.1%} — still scaling at {b.total:,.0f} tok/s; "
-            "a higher concurrency may give more"
+            f"{last_b.concurrency} vs {last_a.concurrency}: {last_gain:+.1%} — still scaling at {last_b.total:,.0f} "
+            "tok/s; a higher concurrency may give more"
+        )
+    else:
+        lines.append(
+            f"{last_b.concurrency} vs {last_a.concurrency}: {last_gain:+.1%}{span(last_lo, last_hi)} — within noise: "
+            f"the runs' spread straddles the {threshold:.0%} threshold, so this sweep cannot tell a plateau from "
+            "scaling here; more runs per level (--repeat) or more prompts per level narrow it"
         )
     lines.append(f"per doubling: {gains}")
+    if repeated:
+        widest = max((lv for lv in ok if lv.spread is not None), key=lambda lv: lv.spread)
+        lines.append(
+            f"each level: the median of {max(len(lv.totals) for lv in ok)} runs; spread = lowest .. highest run "
+            f"(widest at concurrency {widest.concurrency}: {widest.bounds[0]:,.1f} .. {widest.bounds[1]:,.1f} "
+            f"tok/s, {widest.spread:.1%} of the median)"
+        )
     return Verdict(flat_from.concurrency if flat_from else None, best, lines + notes)
 
 
@@ -138,8 +215,18 @@ def fmt(value, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
+def spread_text(level: Level) -> str:
+    """ "900.1 .. 930.4 (3.3%)": the lowest and highest run's total tok/s; "-" for one run."""
+    if level.spread is None:
+        return "-"
+    low, high = level.bounds
+    return f"{low:,.1f} .. {high:,.1f} ({level.spread:.1%})"
+
+
 def table_rows(levels: list[Level]) -> tuple[list[str], list[list[str]]]:
-    headers = ["concurrency", *(c for c, _, _ in COLUMNS), "done", "failed"]
+    """One row per level; with --repeat a last column, the spread of the runs' totals."""
+    repeated = any(lv.runs for lv in levels)
+    headers = ["concurrency", *(c for c, _, _ in COLUMNS), "done", "failed", *(["total spread"] if repeated else [])]
     rows = []
     for lv in levels:
         f = lv.figures or {}
@@ -149,6 +236,7 @@ def table_rows(levels: list[Level]) -> tuple[list[str], list[list[str]]]:
                 *(fmt(f.get(key), pattern) for _, key, pattern in COLUMNS),
                 str(lv.completed),
                 str(lv.failed),
+                *([spread_text(lv)] if repeated else []),
             ]
         )
     return headers, rows

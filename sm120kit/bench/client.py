@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from sm120kit.bench.analysis import Level
+from sm120kit.bench.analysis import Level, median_figures
 from sm120kit.errors import UserError
 
 NEW_MODULE = "sglang.benchmark.serving"
@@ -138,10 +138,25 @@ def check_reachable(url: str, key: str | None = None, timeout: float = 5.0) -> N
         )
 
 
-def run_level(sweep: Sweep, concurrency: int, directory: Path) -> Level:
+def run_repeated(sweep: Sweep, concurrency: int, directory: Path, repeat: int) -> Level:
+    """`repeat` client runs of one level (c<N>.r<k>.jsonl): the median of each figure, each
+    run kept; one run (repeat 1) is run_level's."""
+    if repeat <= 1:
+        return run_level(sweep, concurrency, directory)
+    runs = [run_level(sweep, concurrency, directory, f".r{k}") for k in range(1, repeat + 1)]
+    lost = [r for r in runs if r.figures is None]
+    error = ""
+    if lost:
+        error = f"{len(lost)} of {repeat} runs wrote no result ({lost[0].error})"
+    return Level(
+        concurrency, runs[0].prompts, median_figures([r.figures for r in runs]), error, [r.figures for r in runs]
+    )
+
+
+def run_level(sweep: Sweep, concurrency: int, directory: Path, tag: str = "") -> Level:
     """One client run; its JSON line is read back from its --output-file."""
-    out = directory / f"c{concurrency}.jsonl"
-    log = directory / f"c{concurrency}.log"
+    out = directory / f"c{concurrency}{tag}.jsonl"
+    log = directory / f"c{concurrency}{tag}.log"
     out.unlink(missing_ok=True)  # the client appends: an old line must not pass for this run's
     prompts = sweep.prompts(concurrency)
     env = {**os.environ, **({"OPENAI_API_KEY": sweep.api_key} if sweep.api_key else {})}

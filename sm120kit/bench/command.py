@@ -28,6 +28,8 @@ class BenchOptions:
     url: str | None = None  # http://host:port: this server, not the profile's
     python: str | None = None  # the interpreter that runs sglang's client (default: this one)
     patch_dirs: tuple[str, ...] = ()  # for the patch status recorded with the results
+    repeat: int = 1  # client runs per level: the median of each figure, and their spread
+    smoke: bool = True  # the smoke before the sweep (a failed one marks the run; the sweep still runs)
 
 
 class Progress(Protocol):
@@ -38,6 +40,10 @@ class Progress(Protocol):
     def level_started(self, number: int, count: int, concurrency: int, prompts: int) -> None: ...
 
     def level_done(self, level: analysis.Level) -> None: ...
+
+    def smoke_started(self, url: str) -> None: ...
+
+    def smoke_done(self, report) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -53,10 +59,16 @@ class SweepResult:
         return self.verdict is None
 
     @property
+    def smoke_failed(self) -> bool:
+        smoke = self.run.get("smoke") or {}
+        return not smoke.get("skipped") and smoke.get("passed") is False
+
+    @property
     def exit_code(self) -> ExitCode:
         if self.interrupted:
             return ExitCode.INTERRUPTED
-        return ExitCode.FINDINGS if any(lv.failed or not lv.figures for lv in self.levels) else ExitCode.OK
+        failed = any(lv.failed or not lv.figures or lv.error for lv in self.levels)
+        return ExitCode.FINDINGS if failed or self.smoke_failed else ExitCode.OK
 
     def as_json(self) -> dict:
         return {"directory": str(self.directory), **self.run, "plot": self.plot_note, "exit_code": int(self.exit_code)}
@@ -88,15 +100,25 @@ def _recorded_environment(target, patch_dirs: tuple[str, ...]) -> tuple[dict, li
     return data.get("software", {}).get("versions", {}), data.get("patches", {}).get("findings", [])
 
 
+def run_smoke(profile, url: str, api_key: str | None):
+    """sm120kit smoke against the server at url (the profile's, or --url's): a SmokeReport."""
+    from sm120kit.quality.command import SmokeOptions, options_for, smoke
+
+    options = options_for(profile, url=url) if profile is not None else SmokeOptions(url=url, api_key=api_key)
+    return smoke(options)
+
+
 def sweep(
     options: BenchOptions,
     profile,
     target,
     progress: Progress,
     server: contextlib.AbstractContextManager | None = None,
+    smoke: dict | None = None,
 ) -> SweepResult:
     """Against options.url, or the profile's server; `server` (bench --serve) is entered
-    around the sweep: up before the first level, stopped after the last."""
+    around the sweep: up before the first level, stopped after the last. The smoke runs
+    first (options.smoke), unless `smoke` brings its verdict (the search ran it)."""
     dist = target.find("sglang")
     if dist is None:
         raise UserError(
@@ -126,6 +148,13 @@ def sweep(
     )
     with server or contextlib.nullcontext():
         client.check_reachable(url, api_key)
+        if smoke is None:
+            smoke = {"skipped": "--no-smoke"}
+            if options.smoke:
+                progress.smoke_started(url)
+                report = run_smoke(profile, url, api_key)
+                progress.smoke_done(report)
+                smoke = report.as_json()
         directory = options.out or Path("sm120kit-bench") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         directory.mkdir(parents=True, exist_ok=True)
         versions, patches = _recorded_environment(target, options.patch_dirs)
@@ -137,6 +166,8 @@ def sweep(
             "model": model,
             "client": plan.module,
             "threshold": options.threshold,
+            "repeat": options.repeat,
+            "smoke": smoke,
             "command": plan.argv(options.levels[0], directory / f"c{options.levels[0]}.jsonl"),
             "versions": versions,
             "patches": patches,
@@ -154,12 +185,19 @@ def _run_levels(
     try:
         for i, concurrency in enumerate(options.levels, 1):
             progress.level_started(i, len(options.levels), concurrency, plan.prompts(concurrency))
-            done.append(client.run_level(plan, concurrency, directory))
+            done.append(client.run_repeated(plan, concurrency, directory, options.repeat))
             progress.level_done(done[-1])
             results.write_run(directory, meta, done, None, finished=False)
     except KeyboardInterrupt:  # the finished levels are kept
         return SweepResult(directory, results.write_run(directory, meta, done, None, finished=False), done, None)
     verdict = analysis.verdict(done, options.threshold, max_running)
+    smoke = meta.get("smoke") or {}
+    if not smoke.get("skipped") and smoke.get("passed") is False:
+        verdict = analysis.Verdict(
+            verdict.plateau_from,
+            verdict.best,
+            [f"{results.smoke_line(smoke)} — these figures are of a server that answers wrong", *verdict.lines],
+        )
     run = results.write_run(directory, meta, done, verdict, finished=True)
     results.write_tables(directory, meta, done, verdict)
     return SweepResult(directory, run, done, verdict, results.write_plot(directory, meta["title"], done))

@@ -39,6 +39,106 @@ class TextProgress:
     def level_done(self, level: analysis.Level) -> None:
         self._say(live_line(level))
 
+    def smoke_started(self, url: str) -> None:
+        self._say(f"smoke: is {url} answering right? (--no-smoke skips it)")
+
+    def smoke_done(self, report) -> None:
+        self._say(f"  {report.summary()}")
+        for failure in report.failures:
+            self._say(f"    {failure}")
+
+
+class SearchProgress:
+    """A search as it goes: the plan, then a few lines per variant (its sweep's as bench's)."""
+
+    def __init__(self, width: int | None, out=None) -> None:
+        self.width, self.out = width, out or sys.stdout
+        self.sweep = TextProgress(width, self.out)
+
+    def _say(self, text: str) -> None:
+        print(report.wrap(text, self.width), file=self.out, flush=True)
+
+    def planned(self, plan, directory: Path, estimate) -> None:
+        self._say(plan_text(plan, estimate, self.width))
+        self._say(f"results in {directory}")
+
+    def resumed(self, result) -> None:
+        self._say(f"{result.name}: already {result.status} in this directory, not run again")
+
+    def variant_started(self, number: int, count: int, planned) -> None:
+        sets = " ".join(f"--set {w}" for w in planned.variant.sets) or "(the profile as written)"
+        self._say(f"\n== variant {number}/{count}: {planned.name}  {sets}")
+        for warning in planned.warnings:
+            self._say(f"  warning: {warning}")
+
+    def smoke_step(self, text: str) -> None:
+        self._say(f"  smoke: {text}")
+
+    def smoke_done(self, report) -> None:
+        self.sweep.smoke_done(report)
+
+    def variant_done(self, result) -> None:
+        took = f" in {result.seconds:.0f} s" if result.seconds is not None else ""
+        why = f": {result.why}" if result.why else ""
+        self._say(f"== {result.name}: {result.status}{took}{why}{stop_note(result.stop)}")
+        label = "failed" if str(result.status) == "excluded" else "diagnosis"
+        for line in result.diagnosis:
+            self._say(f"   {label}: {line}")
+
+
+def stop_note(stop: dict | None) -> str:
+    """What the variant's stop proved, in a few words."""
+    if not stop or stop.get("clean") is None:
+        return ""
+    if not stop["clean"]:
+        return "; its stop was NOT clean"
+    gpus = stop.get("gpu_released_after_s")
+    return "; stopped clean" + (f", GPU memory released after {gpus:.1f} s" if gpus is not None else "")
+
+
+def plan_text(plan, estimate, width: int | None) -> str:
+    """The variants (runnable, or skipped and why) and the estimated time."""
+    named = plan.source != "--vary"  # a --vary variant's name is its settings already
+    rows = [[p.name, str(p.status), *([" ".join(p.variant.sets) or "-"] if named else [])] for p in plan.variants]
+    headers = ["VARIANT", "STATUS", *(["SET"] if named else [])]
+    lines = [
+        report.wrap(f"search of {plan.profile}: {len(plan.variants)} variants from {plan.source}", width),
+        report.table(headers, rows, width, narrow=(2,) if named else (0,)),
+    ]
+    lines += [report.wrap(f"skipped: {p.name}: {p.why}", width) for p in plan.skipped]
+    lines += [report.wrap(f"note: {n}", width) for n in plan.notes]
+    if estimate is not None:
+        lines.append(report.wrap(f"estimated time: {estimate.lines[0]}", width))
+        lines += [report.wrap(f"  {line}", width) for line in estimate.lines[1:]]
+    return "\n".join(lines)
+
+
+def search_text(result, width: int | None) -> str:
+    """The end of a search (or of `bench compare RUN_DIR`): the table and the verdicts."""
+    from sm120kit.bench import search
+
+    if result.dry_run is not None:
+        return (
+            plan_text(result.plan, result.dry_run, width)
+            + "\n"
+            + report.wrap(f"dry run: nothing was started; results would go to {result.directory}", width)
+        )
+    headers, rows = search.table(result)
+    lines = ["", report.wrap(f"{result.plan.profile}: total tok/s by variant and concurrency", width)]
+    lines += [report.table(headers, rows, width, narrow=(0,)), ""]
+    lines += [report.wrap(line, width) for line in result.lines]
+    if result.adopt:
+        lines += ["", report.wrap(f"to adopt {result.adopt['variant']}:", width), f"  {result.adopt['command']}"]
+        snippet = result.adopt["snippet"].splitlines()
+        lines += ["  or in a profile file:", *(f"    {line}" if line else "" for line in snippet)]
+    note = f" ({result.plot_note})" if result.plot_note else ""
+    lines += ["", report.wrap(f"results: {result.directory}{note}", width)]
+    if result.interrupted:
+        lines.append(
+            report.wrap(f"interrupted: what is done is kept; rerun with --out {result.directory} to go on", width)
+        )
+    return "\n".join(lines)
+
 
 def live_line(level: analysis.Level) -> str:
     if not level.figures:
@@ -64,7 +164,8 @@ def sweep_text(result: SweepResult, width: int | None) -> str:
     if result.interrupted:
         return f"interrupted: the {len(result.levels)} finished level(s) are kept in {result.directory}"
     headers, rows = analysis.table_rows(result.levels)
-    lines = ["", fitted(headers, rows, SWEEP_GROUPS, width), ""]
+    groups = SWEEP_GROUPS if len(headers) <= 14 else ((*SWEEP_GROUPS[0], 14), SWEEP_GROUPS[1])
+    lines = ["", fitted(headers, rows, groups, width), ""]
     lines += [report.wrap(line, width) for line in result.verdict.lines]
     note = f" ({result.plot_note})" if result.plot_note else ""
     lines += ["", report.wrap(f"results: {result.directory}{note}", width)]

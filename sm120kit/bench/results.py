@@ -1,10 +1,11 @@
 """A sweep's results directory, enough to reproduce it and to compare it later:
 
 run.json      what ran: profile, URL, client command, versions, patch status, levels
-c<N>.jsonl    the client's own output file for each level, untouched
-c<N>.log      the client's console output for each level
-results.csv   one row per level
-summary.md    the table and the verdict
+c<N>.jsonl    the client's own output file for each level, untouched (with --repeat K:
+              c<N>.r1.jsonl .. c<N>.rK.jsonl, one per run)
+c<N>.log      the client's console output for each level (c<N>.r<k>.log)
+results.csv   one row per level (with --repeat: the median of the runs, and their spread)
+summary.md    the table and the verdict, and the smoke's verdict
 plot.png      throughput vs concurrency, TTFT / ITL percentiles (with matplotlib)
 """
 
@@ -15,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from sm120kit.bench.analysis import COLUMNS, Level, Verdict, table_rows
+from sm120kit.bench.analysis import COLUMNS, Level, Verdict, level_from_json, table_rows
 from sm120kit.errors import UserError
 
 RUN_FILE = "run.json"
@@ -38,19 +39,52 @@ def write_run(directory: Path, meta: dict, levels: list[Level], verdict: Verdict
 def write_tables(directory: Path, meta: dict, levels: list[Level], verdict: Verdict) -> None:
     with open(directory / "results.csv", "w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["concurrency", "prompts", "completed", "failed", *(key for _, key, _ in COLUMNS)])
+        writer.writerow(
+            [
+                "concurrency",
+                "prompts",
+                "completed",
+                "failed",
+                *(key for _, key, _ in COLUMNS),
+                "runs",
+                "total_throughput_min",
+                "total_throughput_max",
+            ]
+        )
         for lv in levels:
             f = lv.figures or {}
+            low, high = lv.bounds or ("", "")
             writer.writerow(
-                [lv.concurrency, lv.prompts, lv.completed, lv.failed, *(f.get(key, "") for _, key, _ in COLUMNS)]
+                [
+                    lv.concurrency,
+                    lv.prompts,
+                    lv.completed,
+                    lv.failed,
+                    *(f.get(key, "") for _, key, _ in COLUMNS),
+                    len(lv.totals),
+                    low,
+                    high,
+                ]
             )
     headers, rows = table_rows(levels)
     md = [f"# sm120kit bench: {meta.get('title', '')}", ""]
+    smoke = meta.get("smoke")
+    if smoke is not None:
+        md += [f"**{smoke_line(smoke)}**", ""]
     md += [f"- {k}: `{v}`" for k, v in meta.get("summary", {}).items()]
     md += ["", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     md += ["| " + " | ".join(r) + " |" for r in rows]
     md += ["", *(f"- {line}" for line in verdict.lines), ""]
     (directory / "summary.md").write_text("\n".join(md))
+
+
+def smoke_line(smoke: dict) -> str:
+    """The smoke's verdict as run.json records it (SmokeReport.as_json, or a skip)."""
+    if smoke.get("skipped"):
+        return f"smoke skipped ({smoke['skipped']})"
+    if smoke.get("summary"):
+        return smoke["summary"]
+    return "smoke passed" if smoke.get("passed") else "smoke FAILED: " + "; ".join(smoke.get("failures", []))
 
 
 def write_plot(directory: Path, title: str, levels: list[Level]) -> str | None:
@@ -102,7 +136,7 @@ def load_run(directory: str) -> tuple[dict, list[Level]]:
         )
     try:
         doc = json.loads(path.read_text())
-        levels = [Level(d["concurrency"], d["prompts"], d["figures"], d.get("error", "")) for d in doc["levels"]]
+        levels = [level_from_json(d) for d in doc["levels"]]
     except FileNotFoundError:
         raise UserError(
             f"{directory} is not a results directory (no {RUN_FILE})",

@@ -32,6 +32,7 @@ from sm120kit.serve import procs  # here, not in the child: procs resolves prctl
 from sm120kit.serve.command import serve
 from sm120kit.serve.status import EventKind
 
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 READY_SLACK_S = 60.0  # past the profile's startup budget: the preflight and the supervisor's own start
 
 
@@ -60,11 +61,24 @@ class EventTail:
         return kinds
 
 
+class Served:
+    """The server of a `served` block: where its record is, and, once stopped, the exit
+    code of the `sm120kit serve` child (0: stopped clean; 3, UNCLEAN: a process, port or
+    GPU memory of the server was left; None: not stopped yet)."""
+
+    def __init__(self, events: Path) -> None:
+        self.events = events
+        self.exit_code: int | None = None
+
+
 @contextlib.contextmanager
-def served(profile, launch, target, options, width: int | None, out=None, debug: bool = False) -> Iterator[None]:
+def served(
+    profile, launch, target, options, width: int | None, out=None, debug: bool = False, handle: Served | None = None
+) -> Iterator[Served]:
     """Up until it generates (or a UserError: nothing was benchmarked), stopped after.
     What we and the server say goes to out (stdout; stderr while stdout carries JSON);
-    with debug, a bug in the child prints its traceback."""
+    with debug, a bug in the child prints its traceback. `handle` (else a new one) gets
+    the child's exit code, also when the server never got ready."""
     from sm120kit.serve.rundir import serve_root
 
     out = out or sys.stdout
@@ -78,18 +92,29 @@ def served(profile, launch, target, options, width: int | None, out=None, debug:
         args=(os.getpid(), out is sys.stderr, profile, launch, target, options, width, debug),
         name=f"serve {profile.name}",
     )
-    child.start()  # before the handlers below: the child keeps the default ones until the supervisor's
-    with _stop_signals_interrupt():
+    # A stop signal during the fork would be lost (Python ignores an exception raised in
+    # the fork handlers): blocked meanwhile, it arrives inside the try below.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        child.start()  # before the handlers below: the child keeps the default ones until the supervisor's
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
+    handle = handle or Served(events.path)
+    with stop_signals_interrupt():
         try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             _wait_ready(child, events, profile, budget + READY_SLACK_S)
-            yield
+            yield handle
         finally:
-            _stop(child, out)
+            handle.exit_code = _stop(child, out)
 
 
-def _stop(child, out) -> None:
+def _stop(child, out) -> int | None:
+    """The child's exit code, once it has stopped the server."""
     if not child.is_alive():
-        return
+        child.join(5)
+        return child.exitcode
     os.kill(child.pid, signal.SIGTERM)
     try:
         child.join()
@@ -98,6 +123,7 @@ def _stop(child, out) -> None:
         child.join()
         raise
     print(f"stopped the server (sm120kit serve exit code {child.exitcode})", file=out, flush=True)
+    return child.exitcode
 
 
 def _wait_ready(child, events: EventTail, profile, timeout: float) -> None:
@@ -124,6 +150,7 @@ def _serve(parent: int, to_stderr: bool, profile, launch, target, options, width
     if to_stderr:
         os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     os.setsid()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked by the parent around the fork
     if not procs.tie_to_parent(parent, signal.SIGTERM):  # bench gone: the supervisor's clean stop
         sys.exit(int(ExitCode.INTERRUPTED))  # bench died before the tie took effect
     try:
@@ -144,7 +171,7 @@ def _serve(parent: int, to_stderr: bool, profile, launch, target, options, width
 
 
 @contextlib.contextmanager
-def _stop_signals_interrupt() -> Iterator[None]:
+def stop_signals_interrupt() -> Iterator[None]:
     """SIGTERM and SIGHUP raise KeyboardInterrupt meanwhile, as Ctrl-C does."""
 
     def interrupt(signum, frame):

@@ -14,25 +14,40 @@ def register(sub) -> None:
     p = command_parser(
         sub,
         "bench",
-        "a concurrency sweep with sglang's own benchmark client; `bench compare A B`",
+        "a concurrency sweep with sglang's own benchmark client; a search over variants; `bench compare`",
         "Run sglang's benchmark client once per concurrency level against a running server (the "
         "profile PROFILE's, or --url; --serve starts the profile's first and stops it after), then "
-        "print the tables and the plateau verdict and write a results directory. `sm120kit bench "
-        "compare BEFORE AFTER` shows two results directories side by side.",
+        "print the tables and the plateau verdict and write a results directory. The smoke (`sm120kit "
+        "smoke`) runs first: a server that fails it is still swept, so that its figures stand next to "
+        "the failure, but the run is marked (run.json, the tables) and exits 1.\n"
+        "With --serve and --vary KEY=V1,V2 (repeatable: every combination) or --variants NAME|FILE, "
+        "a search: each variant (the profile as written first) is started, smoked, swept and stopped "
+        "in turn; one that fails the smoke is excluded (not swept: a configuration that answers "
+        "wrong is never a winner), one that crashes is recorded with its diagnosis, and the report "
+        "names the best variant per concurrency and overall (only where it beats the next by more "
+        "than the spread of --repeat's runs) and how to adopt it. A rerun with the same --out skips "
+        "the variants already done. --dry-run lists the variants and the estimated time.\n"
+        "`sm120kit bench compare BEFORE AFTER` shows two results directories side by side; `sm120kit "
+        "bench compare RUN_DIR` a search's variants by concurrency.",
         {
-            ExitCode.OK: "every level ran and every request completed; compare: compared",
-            ExitCode.FINDINGS: "a level or a request failed (the finished levels are reported and kept)",
+            ExitCode.OK: "every level ran and every request completed (and the smoke passed); a search: every "
+            "runnable variant passed its smoke and was swept; compare: compared",
+            ExitCode.FINDINGS: "a level or a request failed, or the smoke failed (the finished levels are "
+            "reported and kept); a search: a variant was excluded by its smoke or crashed",
             ExitCode.ERROR: "bad input, no sglang in the client's environment, no server at the URL, or "
             "--serve's server did not get ready (nothing was benchmarked); compare: not a results directory",
-            ExitCode.INTERRUPTED: "interrupted: the finished levels are kept (--serve: the server is stopped)",
+            ExitCode.UNCLEAN: "a search stopped: a variant's server left a process, port or GPU memory behind",
+            ExitCode.INTERRUPTED: "interrupted: the finished levels are kept (--serve: the server is stopped; "
+            "a search: rerun with the same --out to go on)",
         },
         func=cmd_bench,
     )
     p.add_argument(
         "name",
         nargs="*",
-        metavar="PROFILE | compare BEFORE AFTER",
-        help="the launch profile whose server to benchmark (none with --url); or `compare` and two results directories",
+        metavar="PROFILE | compare DIR [DIR]",
+        help="the launch profile whose server to benchmark (none with --url); or `compare` and two results "
+        "directories, or one search directory",
     )
     p.add_argument("--url", help="benchmark this server instead of a profile's (e.g. http://127.0.0.1:30000)")
     p.add_argument(
@@ -70,6 +85,36 @@ def register(sub) -> None:
         action="store_true",
         help="with --serve: start the server without the preflight's GPU check",
     )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each level N times: the median of each figure, and the spread (lowest .. highest run) that "
+        "the verdicts respect (default 1)",
+    )
+    p.add_argument(
+        "--no-smoke",
+        action="store_true",
+        help="skip the smoke before the sweep (and, in a search, before each variant's)",
+    )
+    search = p.add_argument_group("search (with --serve)")
+    search.add_argument(
+        "--vary",
+        action="append",
+        metavar="KEY=V1,V2",
+        help="a profile key and its values, each read as --set reads one (repeatable: every combination)",
+    )
+    search.add_argument(
+        "--variants",
+        metavar="NAME|FILE",
+        help="named variants: a variants file, or NAME for variants/NAME.toml in a profile directory",
+    )
+    search.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the variants (runnable, or skipped and why) and the estimated time; start nothing",
+    )
     patch_dir_arg(p, "for the patch status recorded with the results, and --serve's preflight")
     profile_args(p)
     target_args(p, python_is="the environment that runs sglang's benchmark client, and with --serve the server")
@@ -89,6 +134,7 @@ def _check_bench_numbers(args) -> None:
         "requests per level as a multiple of the concurrency, e.g. --prompts-per-level 3",
         low_open=True,
     )
+    check_range("--repeat", args.repeat, 1, 100, "runs per level, e.g. --repeat 3")
     check_range(
         "--threshold",
         args.threshold,
@@ -127,6 +173,8 @@ def _options(args):
         url=client.parse_url(args.url) if args.url else None,
         python=args.python,
         patch_dirs=tuple(args.patch_dir or ()),
+        repeat=args.repeat,
+        smoke=not args.no_smoke,
     )
 
 
@@ -137,10 +185,20 @@ def cmd_bench(args) -> int:
 
     width = report.output_width(args.wide)
     if args.name[:1] == ["compare"]:
-        if len(args.name) != 3:
+        if len(args.name) not in (2, 3):
             raise UserError(
-                "bench compare takes two results directories", "sm120kit bench compare BEFORE_DIR AFTER_DIR"
+                "bench compare takes two results directories, or one search directory",
+                "sm120kit bench compare BEFORE_DIR AFTER_DIR, or sm120kit bench compare SEARCH_DIR",
             )
+        if len(args.name) == 2:
+            from sm120kit.bench.search import load_search
+
+            found = load_search(args.name[1])
+            if args.json:
+                report.emit_json(found.as_json())
+            else:
+                print(render.search_text(found, width))
+            return ExitCode.OK
         comparison = command.compare(args.name[1], args.name[2])
         if args.json:
             report.emit_json(comparison.as_json())
@@ -159,6 +217,19 @@ def cmd_bench(args) -> int:
             "give the serving environment's interpreter: --python EXE",
         )
     options = _options(args)
+    searching = bool(args.vary or args.variants)
+    if args.vary and args.variants:
+        raise UserError("--vary and --variants are two ways to name the variants", "give one of them")
+    if searching and not args.serve:
+        option = "--vary" if args.vary else "--variants"
+        raise UserError(
+            f"{option} starts a server per variant: it needs --serve",
+            f"sm120kit bench {args.name[0] if args.name else 'PROFILE'} --serve {option} ...",
+        )
+    if args.dry_run and not searching:
+        raise UserError(
+            "--dry-run plans a search: give --vary or --variants", "sm120kit bench PROFILE --serve --vary ..."
+        )
     if args.serve and args.url:
         raise UserError(
             "--serve starts a profile's server; with --url the server is yours", "sm120kit bench PROFILE --serve"
@@ -168,6 +239,8 @@ def cmd_bench(args) -> int:
     target = resolve_target(args.python, None)
     profile = server = None
     out = sys.stderr if args.json else sys.stdout  # the JSON document alone on stdout
+    if searching:
+        return _search(args, options, target, width, out)
     if not args.url:
         from sm120kit.profiles.loader import load_profile
         from sm120kit.profiles.render import require_servable
@@ -184,13 +257,41 @@ def cmd_bench(args) -> int:
     return result.exit_code
 
 
+def _serve_options(args):
+    from sm120kit.serve.command import ServeOptions
+
+    return ServeOptions(
+        patch_dirs=tuple(args.patch_dir or ()), gpu_check=not args.no_gpu_check, echo=False, debug=args.debug
+    )
+
+
 def _served(args, profile, target, width: int | None, out):
     """The context that runs the profile's server for the sweep (bench --serve)."""
     from sm120kit.bench.serving import served
-    from sm120kit.serve.command import ServeOptions
 
     launch = render_for(args, profile, target)  # args.site is None: bench refuses --site
-    options = ServeOptions(
-        patch_dirs=tuple(args.patch_dir or ()), gpu_check=not args.no_gpu_check, echo=False, debug=args.debug
+    return served(profile, launch, target, _serve_options(args), width, out, debug=args.debug)
+
+
+def _search(args, options, target, width: int | None, out) -> int:
+    """bench --serve --vary / --variants: plan every variant (bad input raises before
+    anything starts), then the dry run or the search."""
+    from sm120kit import report
+    from sm120kit.bench import client, render, search, variants
+
+    found, source, written_for = variants.load_variants(args.vary, args.variants, args.profile_dir)
+    base_sets = list(args.sets or [])
+    plan = variants.plan(
+        args.name[0], args.profile_dir, base_sets, found, target, args.python or sys.executable, source, written_for
     )
-    return served(profile, launch, target, options, width, out, debug=args.debug)
+    client.api_key(plan.variants[0].profile.server.api_key_env)  # a missing key: before anything starts
+    if args.dry_run:
+        result = search.dry_run(plan, options, options.out or search.default_directory(plan.profile), base_sets)
+    else:
+        opts = search.SearchOptions(options, _serve_options(args), args.debug)
+        result = search.search(opts, plan, base_sets, target, render.SearchProgress(width, out), width, out)
+    if args.json:
+        report.emit_json(result.as_json())
+    else:
+        print(render.search_text(result, width), file=sys.stderr if result.interrupted else sys.stdout)
+    return result.exit_code

@@ -27,7 +27,8 @@ def register(sub) -> None:
         "preflight alone; --dry-run prints the command line.",
         {
             ExitCode.OK: "stopped on request, nothing left behind; --check: every check passed; --dry-run: printed",
-            ExitCode.FINDINGS: "gave up after the crash-loop limit; --check: a preflight check failed",
+            ExitCode.FINDINGS: "gave up after the crash-loop limit, or health.smoke's smoke failed (the server is "
+            "stopped, not restarted); --check: a preflight check failed",
             ExitCode.ERROR: "refused: a preflight check failed, or the profile is already being served; bad "
             "input: an unknown profile, no sglang in the target environment (the profile renders for the "
             "installed release), an unknown --allow-missing id",

@@ -213,24 +213,27 @@ def _unknown_key(path: Path_, depth: int, options: list[str]) -> tuple[str, str]
 # -- --set -------------------------------------------------------------------------------
 
 
-def _parse_set(item: str) -> tuple[Path_, Any]:
+def parse_set(item: str, option: str = "--set") -> tuple[Path_, Any]:
+    """KEY=VALUE -> (key path, value): the key checked against the profile's shape (a
+    did-you-mean for an unknown one), the value TOML where it parses, else the text. The
+    messages name `option` (--set, or bench's --vary)."""
     key, sep, raw = item.partition("=")
     path = tuple(key.strip().split("."))
     if not sep or not all(path):
         raise UserError(
-            f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. engine.max_running_requests=256",
+            f"{option} {item!r}: expected KEY=VALUE with a dotted key, e.g. engine.max_running_requests=256",
             "write --set a.b=value",
         )
     if path[0] == "extends":
         raise UserError(
-            f"--set {item!r}: extends cannot be set with --set",
+            f"{option} {item!r}: extends cannot be set with --set",
             "write extends in a profile file, or load the profile it names",
         )
     try:
         t = _type_at(path)
     except LookupError as exc:
         message, hint = _unknown_key(path, *exc.args)
-        raise UserError(f"--set {item!r}: {message}", hint) from None
+        raise UserError(f"{option} {item!r}: {message}", hint) from None
     try:
         parsed = tomllib.loads(f"v = {raw}")
         value = parsed["v"] if parsed.keys() == {"v"} else raw
@@ -383,7 +386,7 @@ def load_profile(name: str, dirs: list[str] | None = None, sets: list[str] | Non
         raise _unknown_profile(name, index)
     data, origins = _resolve(name, path, index, [name])
     for item in sets or []:
-        key, value = _parse_set(item)
+        key, value = parse_set(item)
         data = _merge(data, _nest(key, value))
         origins.update({key[:n]: _set_label(item, key) for n in range(1, len(key) + 1)})
     return _validate(name, str(path), data, origins)

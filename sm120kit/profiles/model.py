@@ -71,9 +71,19 @@ FLAG_OWNERS: dict[str, str] = {
         ("--disable-cuda-graph", "--cuda-graph-backend-decode", "--cuda-graph-backend-prefill"), "engine.cuda_graphs"
     ),
     **dict.fromkeys(("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"), "engine.cuda_graph_max_bs"),
+    **dict.fromkeys(("--disable-prefill-cuda-graph", "--disable-piecewise-cuda-graph"), "engine.prefill_cuda_graphs"),
     "--disable-radix-cache": "engine.radix_cache",
     "--disable-shared-experts-fusion": "engine.disable_shared_experts_fusion",
     "--disable-flashinfer-autotune": "engine.flashinfer_autotune",
+    **dict.fromkeys(
+        ("--enable-flashinfer-allreduce-fusion", "--flashinfer-allreduce-fusion-backend"),
+        "engine.flashinfer_allreduce_fusion",
+    ),
+    "--speculative-algorithm": "speculative.algorithm",
+    "--speculative-num-steps": "speculative.num_steps",
+    "--speculative-eagle-topk": "speculative.eagle_topk",
+    "--speculative-num-draft-tokens": "speculative.num_draft_tokens",
+    **dict.fromkeys(("--speculative-draft-model-path", "--speculative-draft-model"), "speculative.draft_model_path"),
     "--host": "server.host",
     "--port": "server.port",
     **dict.fromkeys(
@@ -221,6 +231,12 @@ class Engine(BaseModel):
     cuda_graph_max_bs: int | None = Field(
         None, ge=1, le=MAX_REQUESTS, description="Largest batch size captured in a CUDA graph (--cuda-graph-max-bs)."
     )
+    prefill_cuda_graphs: bool = Field(
+        True,
+        description="With cuda_graphs on: false keeps CUDA graphs for decode only "
+        "(--cuda-graph-backend-prefill disabled from sglang 0.5.14, --disable-piecewise-cuda-graph before; "
+        "0.5.9 captures no prefill graphs unless asked).",
+    )
     radix_cache: bool = Field(True, description="Prefix (radix) cache; false passes --disable-radix-cache.")
     max_running_requests: int | None = Field(
         None, ge=1, le=MAX_REQUESTS, description="Maximum concurrent requests (--max-running-requests)."
@@ -241,6 +257,11 @@ class Engine(BaseModel):
     flashinfer_autotune: bool = Field(
         True, description="FlashInfer autotuning at startup; false passes --disable-flashinfer-autotune."
     )
+    flashinfer_allreduce_fusion: bool = Field(
+        False,
+        description="Fuse the tensor-parallel all-reduce with residual + RMSNorm in FlashInfer "
+        "(--enable-flashinfer-allreduce-fusion; --flashinfer-allreduce-fusion-backend auto from sglang 0.5.14).",
+    )
     insist_kv_cache_dtype: bool = Field(
         False,
         description="Keep kv_cache_dtype even where sm120kit would warn and change it "
@@ -253,6 +274,92 @@ class Engine(BaseModel):
         if value == 0:  # the bounds say -1 .. MAX_TOKENS; 0 is neither a size nor "off"
             raise ValueError("must be a positive number of tokens, or -1 to disable chunked prefill")
         return value
+
+
+# The EAGLE family: a draft proposes num_steps tokens, topk wide; NEXTN is sglang's name for a
+# model's own MTP layers (it runs them as EAGLE).
+EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
+MAX_DRAFT = 64  # draft steps, tree width, draft tokens: generous (the field runs 3-6)
+
+
+class Speculative(BaseModel):
+    model_config = STRICT
+
+    algorithm: str | None = Field(
+        None,
+        description='Speculative decoding algorithm, e.g. "NEXTN" (the model\'s own MTP layers), "EAGLE", "EAGLE3" '
+        "(--speculative-algorithm); unset: off. Checked against the installed sglang's choices where it lists them.",
+    )
+    num_steps: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_DRAFT,
+        description="Draft steps per round (--speculative-num-steps); unset with eagle_topk and num_draft_tokens: "
+        "sglang chooses all three.",
+    )
+    eagle_topk: int | None = Field(
+        None, ge=1, le=MAX_DRAFT, description="Tokens the draft keeps per step (--speculative-eagle-topk)."
+    )
+    num_draft_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_DRAFT * MAX_DRAFT,
+        description="Draft tokens verified per round (--speculative-num-draft-tokens); with eagle_topk = 1 "
+        "sglang uses num_steps + 1, which is rendered when this is unset.",
+    )
+    draft_model_path: str | None = Field(
+        None,
+        min_length=1,
+        description="Draft model directory or repo id (--speculative-draft-model-path); unset for NEXTN: "
+        "sglang drafts with the MTP layers of model.path.",
+    )
+
+    @field_validator("algorithm")
+    @classmethod
+    def _capitals(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Z][A-Z0-9_]*", value):
+            raise ValueError(
+                f"{value!r}: sglang names its algorithms in capitals, e.g. "
+                f"{', '.join(repr(a) for a in EAGLE_FAMILY)}"
+                + (f" (did you mean {value.upper()!r}?)" if re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", value) else "")
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Speculative:
+        # sglang's own rules, the same in every release 0.5.9-0.5.23 (server_args.py
+        # _handle_speculative_decoding; from 0.5.13 arg_groups/speculative_hook.py)
+        given = [k for k in ("num_steps", "eagle_topk", "num_draft_tokens", "draft_model_path") if getattr(self, k)]
+        if self.algorithm is None:
+            if given:
+                raise ValueError(
+                    f"speculative.{given[0]} is set but speculative.algorithm is not: set the algorithm "
+                    '(e.g. "NEXTN" for the model\'s own MTP layers), or remove the [speculative] table'
+                )
+            return self
+        if self.algorithm not in EAGLE_FAMILY:
+            return self
+        if self.num_steps is None and (self.eagle_topk is not None or self.num_draft_tokens is not None):
+            raise ValueError(
+                "speculative.num_steps is not set: sglang chooses num_steps, eagle_topk and num_draft_tokens "
+                "together (all three, or none of them)"
+            )
+        if self.num_steps is not None and self.eagle_topk is None:
+            raise ValueError(
+                "speculative.eagle_topk is not set: with num_steps set, sglang needs eagle_topk too "
+                "(1 for a single draft chain)"
+            )
+        if self.eagle_topk == 1 and self.num_draft_tokens not in (None, self.num_steps + 1):
+            raise ValueError(
+                f"speculative.num_draft_tokens = {self.num_draft_tokens}: with eagle_topk = 1 sglang replaces it "
+                f"with num_steps + 1 = {self.num_steps + 1}; write that, or leave num_draft_tokens out"
+            )
+        if self.eagle_topk is not None and self.eagle_topk > 1 and self.num_draft_tokens is None:
+            raise ValueError(
+                f"speculative.num_draft_tokens is not set: with eagle_topk = {self.eagle_topk} "
+                "sglang needs the number of draft tokens to verify"
+            )
+        return self
 
 
 class Server(BaseModel):
@@ -325,6 +432,12 @@ class Health(BaseModel):
         description="Seconds between SIGTERM to the server's processes and SIGKILL "
         "(sglang's own drain has no deadline).",
     )
+    smoke: bool = Field(
+        False,
+        description="Run `sm120kit smoke` once each start, when the server first generates: it is called ready "
+        "only if the smoke passes; a failed smoke stops it (no restart: wrong answers are not a crash) and serve "
+        "exits 1.",
+    )
 
     @model_validator(mode="after")
     def _backoff_order(self) -> Health:
@@ -356,6 +469,10 @@ class Profile(BaseModel):
         default_factory=Parallel, description="Tensor/pipeline/data/expert parallelism and nodes."
     )
     engine: Engine = Field(default_factory=Engine, description="Kernels, caches and memory of the sglang engine.")
+    speculative: Speculative = Field(
+        default_factory=Speculative,
+        description="Speculative decoding, e.g. with the model's own MTP layers (NEXTN); off unless algorithm is set.",
+    )
     server: Server = Field(default_factory=Server, description="Where the HTTP server listens, and its API key.")
     env: dict[str, str] = Field(
         default_factory=dict, description='Environment for the server process, e.g. NCCL_P2P_LEVEL = "SYS".'

@@ -7,6 +7,7 @@ spelling it wants (`--dsa-*` from 0.5.13, `--nsa-*` before; the non-deprecated f
 
 from __future__ import annotations
 
+import difflib
 import shlex
 from dataclasses import dataclass, field
 
@@ -15,10 +16,40 @@ from packaging.version import Version
 
 from sm120kit.errors import UserError
 from sm120kit.profiles.flags import FlagSchema
-from sm120kit.profiles.model import FLAG_OWNERS, Profile, is_loopback, owned_flag_problem
+from sm120kit.profiles.model import EAGLE_FAMILY, FLAG_OWNERS, Profile, is_loopback, owned_flag_problem
 
 BARE = object()  # a flag without a value
 DSA_BACKENDS = {"nsa", "dsa"}
+
+# What the releases do with speculative decoding beyond their flags, read from their source
+# (tests/test_profile_variants.py checks each range against the real wheels):
+# - SGLANG_ENABLE_SPEC_V2 (sglang/srt/environ.py) defaults to False up to 0.5.10.post1: without it
+#   EAGLE/NEXTN runs the v1 worker with the overlap scheduler off (server_args.py
+#   _handle_speculative_decoding); it defaults to True in 0.5.11-0.5.13.post1 and is gone from
+#   0.5.14 (0.5.14-0.5.20 warn that it "has been removed", later releases ignore it). Rendered
+#   for topk = 1 where it is off by default: the worker the later releases run by default.
+SPEC_V2_OPT_IN = SpecifierSet("<0.5.11")
+SPEC_V2_REMOVED = SpecifierSet(">=0.5.14")
+# - pipeline parallelism with speculative decoding: check_server_args asserts it away up to
+#   0.5.20 ("Pipeline parallelism is not compatible with overlap schedule, speculative
+#   decoding"); from 0.5.21 arg_groups/validation_hook.py check_pipeline_parallel_compat takes
+#   EAGLE (NEXTN resolves to it) outside a PD prefill node only with SGLANG_ENABLE_PP_SPEC=1.
+PP_SPEC_ACCEPTED = SpecifierSet(">=0.5.21")
+# FlashInfer all-reduce fusion runs only on SM90/SM100 in every release 0.5.9-0.5.23: the layer
+# gate apply_flashinfer_allreduce_fusion (layers/communicator.py; from 0.5.21
+# layers/layer_boundary/residual/add_norm.py, named flashinfer_ar_fusion_applies from 0.5.22)
+# asks for either. Before 0.5.14 the flag is taken and does nothing elsewhere (0.5.11-0.5.13
+# only try to build the workspace, and log the failure); from 0.5.14
+# flashinfer_comm_fusion._resolve_backend raises "FlashInfer allreduce fusion requires SM90 or
+# SM10X NVIDIA GPUs." while the server starts.
+# FlashInfer has SM120 kernels for it from 0.6.17 (flashinfer/jit/comm.py gen_trtllm_comm_module,
+# PR #3903); sglang PR #32330, which would take them on SM12x, was closed unmerged.
+FUSION_CAPABILITIES = ("9", "10")
+FUSION_REFUSED_ELSEWHERE = SpecifierSet(">=0.5.14")
+TRUE_WORDS = {"1", "true", "yes", "on"}
+# The built-in algorithms of 0.5.9-0.5.23 (--speculative-algorithm's choices up to 0.5.11; from
+# 0.5.12 the enum in speculative/spec_info.py, which plugins may extend at run time).
+SPECULATIVE_BUILTINS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK", "UNO", "FROZEN_KV_MTP")
 
 
 @dataclass(frozen=True)
@@ -215,6 +246,15 @@ def render(profile: Profile, schema: FlagSchema, python: str = "python3") -> Lau
         if value is not None:
             out.add(key, spellings, value)
     _cuda_graphs(out, e)
+    if e.flashinfer_allreduce_fusion:
+        _fusion_capability(out, profile, warnings)
+        # 0.5.14 deprecated the switch for a backend choice; "auto" is what the switch now means
+        if out.has("--flashinfer-allreduce-fusion-backend"):
+            out.add("engine.flashinfer_allreduce_fusion", "--flashinfer-allreduce-fusion-backend", "auto")
+        else:
+            out.add("engine.flashinfer_allreduce_fusion", "--enable-flashinfer-allreduce-fusion")
+    env = dict(profile.env)
+    _speculative(out, profile, env, warnings)
     if not e.radix_cache:
         out.add("engine.radix_cache", "--disable-radix-cache")
     if e.disable_shared_experts_fusion:
@@ -250,9 +290,7 @@ def render(profile: Profile, schema: FlagSchema, python: str = "python3") -> Lau
             "fix the profile or override with --set; "
             f"`sm120kit profile show {profile.name}` prints what it resolved to",
         )
-    return Launch(
-        [python, "-m", "sglang.launch_server", *out.argv], dict(profile.env), schema.version, warnings + out.warnings
-    )
+    return Launch([python, "-m", "sglang.launch_server", *out.argv], env, schema.version, warnings + out.warnings)
 
 
 def _owned_flags(schema: FlagSchema) -> dict[str, str]:
@@ -271,8 +309,91 @@ def _cuda_graphs(out: _Argv, e) -> None:
         else:
             for flag in new:
                 out.add("engine.cuda_graphs", flag, "disabled")
+    elif not e.prefill_cuda_graphs:
+        # prefill graphs are their own backend from 0.5.14, "piecewise" graphs 0.5.10-0.5.13
+        # (on by default there), and opt-in (--enable-piecewise-cuda-graph) in 0.5.9
+        if out.has("--cuda-graph-backend-prefill"):
+            out.add("engine.prefill_cuda_graphs", "--cuda-graph-backend-prefill", "disabled")
+        elif out.has("--disable-piecewise-cuda-graph"):
+            out.add("engine.prefill_cuda_graphs", "--disable-piecewise-cuda-graph")
     if e.cuda_graph_max_bs is not None:
         out.add("engine.cuda_graph_max_bs", ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"), e.cuda_graph_max_bs)
+
+
+def _fusion_capability(out: _Argv, profile: Profile, warnings: list[str]) -> None:
+    """All-reduce fusion on a GPU other than SM90/SM100: refused by the release, or no effect."""
+    capability = profile.node.compute_capability
+    major = capability.split(".")[0] if capability else None
+    if major is None or major in FUSION_CAPABILITIES:
+        return
+    where = f"engine.flashinfer_allreduce_fusion on node.compute_capability = {capability}: sglang {out.version}"
+    if FUSION_REFUSED_ELSEWHERE.contains(Version(out.version), prereleases=True):
+        out.errors.append(
+            f"{where} refuses it at startup off SM90/SM100 (flashinfer_comm_fusion._resolve_backend: "
+            '"FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs.")'
+        )
+    else:
+        warnings.append(f"{where} fuses the all-reduce only on SM90/SM100: the flag has no effect here")
+
+
+def _speculative(out: _Argv, profile: Profile, env: dict[str, str], warnings: list[str]) -> None:
+    """--speculative-* from [speculative], the environment the release needs with them, and
+    the release's own refusal of speculative decoding under pipeline parallelism."""
+    sp, version = profile.speculative, Version(out.version)
+    if sp.algorithm is None:
+        return
+    out.add("speculative.algorithm", "--speculative-algorithm", sp.algorithm)
+    listed = out.schema.get("--speculative-algorithm")
+    if listed is not None and listed.choices is None and sp.algorithm not in SPECULATIVE_BUILTINS:
+        near = difflib.get_close_matches(sp.algorithm, SPECULATIVE_BUILTINS, n=1)
+        warnings.append(
+            f"speculative.algorithm = {sp.algorithm}: not one of sglang's built-in algorithms"
+            + (f" (did you mean {near[0]}?)" if near else f" ({', '.join(SPECULATIVE_BUILTINS)})")
+            + "; it starts only if a plugin registers it"
+        )
+    if sp.num_steps is not None:
+        out.add("speculative.num_steps", "--speculative-num-steps", sp.num_steps)
+    if sp.eagle_topk is not None:
+        out.add("speculative.eagle_topk", "--speculative-eagle-topk", sp.eagle_topk)
+    draft = sp.num_draft_tokens
+    if draft is None and sp.eagle_topk == 1 and sp.num_steps is not None:
+        draft = sp.num_steps + 1  # what sglang would use: written out, so the argv says it
+    if draft is not None:
+        out.add("speculative.num_draft_tokens", "--speculative-num-draft-tokens", draft)
+    if sp.draft_model_path:
+        out.add(
+            "speculative.draft_model_path",
+            ("--speculative-draft-model-path", "--speculative-draft-model"),
+            sp.draft_model_path,
+        )
+
+    eagle = sp.algorithm in EAGLE_FAMILY
+    if "SGLANG_ENABLE_SPEC_V2" in profile.env:
+        if SPEC_V2_REMOVED.contains(version, prereleases=True):
+            warnings.append(
+                f"env.SGLANG_ENABLE_SPEC_V2: sglang {out.version} has removed it (speculative decoding always "
+                "runs the v2 worker; --disable-overlap-schedule selects the synchronous path)"
+            )
+    elif eagle and sp.eagle_topk == 1 and SPEC_V2_OPT_IN.contains(version, prereleases=True):
+        # spec v2 takes topk = 1 only (a larger topk raises with it on)
+        env["SGLANG_ENABLE_SPEC_V2"] = "1"
+
+    pp = profile.parallel.pp
+    if pp == 1:
+        return
+    prefix = f"speculative.algorithm = {sp.algorithm} with parallel.pp = {pp}: sglang {out.version}"
+    if not PP_SPEC_ACCEPTED.contains(version, prereleases=True):
+        out.errors.append(
+            f"{prefix} refuses speculative decoding under pipeline parallelism (check_server_args: "
+            '"Pipeline parallelism is not compatible with overlap schedule, speculative decoding")'
+        )
+    elif sp.algorithm not in ("EAGLE", "NEXTN"):
+        out.errors.append(f"{prefix} takes only EAGLE (or NEXTN) speculative decoding under pipeline parallelism")
+    elif env.get("SGLANG_ENABLE_PP_SPEC", "").strip().lower() not in TRUE_WORDS:
+        out.errors.append(
+            f"{prefix} takes speculative decoding under pipeline parallelism only with env.SGLANG_ENABLE_PP_SPEC = "
+            '"1" (experimental) or on a PD prefill node (check_pipeline_parallel_compat)'
+        )
 
 
 def _kv_cache_dtype(profile: Profile, warnings: list[str]) -> str | None:

@@ -149,8 +149,14 @@ def serve(profile, launch: Launch, target, options: ServeOptions, width: int | N
             api_key_env=profile.server.api_key_env,
             check_gpus=options.gpu_check,
         )
+        smoke = None
+        if profile.health.smoke:  # the smoke decides "ready": against this server, with its key
+            from sm120kit.quality.command import options_for
+
+            smoke = options_for(profile, api_key=key)
         with keep_secret(key, f"${profile.server.api_key_env}"):
-            return Supervisor(server, Policy.from_health(profile.health), record, echo=options.echo).run()
+            policy = Policy.from_health(profile.health)
+            return Supervisor(server, policy, record, echo=options.echo, smoke=smoke).run()
     finally:
         key_file.unlink(missing_ok=True)
         lock.release()

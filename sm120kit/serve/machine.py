@@ -16,6 +16,8 @@ through it, with a fake clock and a fake host.
     backoff --tick, when the delay is over--> (spawn) --started--> starting
     starting, ready, unhealthy --signalled--> stopping --stopped--> stopped
     launching, backoff --signalled--> stopped
+    starting --probe 200, health.smoke--> (smoke) --passed--> ready
+                                                  --failed--> stopping --stopped--> gave-up
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class Policy:
     stop_timeout_s: float
     stable_after_s: float
     startup_probe_interval_s: float = 1.0
+    smoke: bool = False  # health.smoke: the smoke decides "ready"
 
     @classmethod
     def from_health(cls, health) -> Policy:
@@ -121,11 +124,18 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Smoke:
+    """Run the smoke against the server of that start, then tell smoke_done() its result."""
+
+    attempt: int
+
+
+@dataclass(frozen=True)
 class Exit:
     code: ExitCode
 
 
-Action = Say | Event | Update | Spawn | Probe | Kill | Stop | Exit
+Action = Say | Event | Update | Spawn | Probe | Smoke | Kill | Stop | Exit
 
 
 def event(kind: EventKind, **fields) -> Event:
@@ -161,6 +171,7 @@ class Attempt:
     phase: str = "launching"
     phase_said_at: float = 0.0
     failures_in_row: int = 0
+    smoking: bool = False  # it generates; the smoke runs: not ready yet
     end: End | None = None
 
 
@@ -176,6 +187,7 @@ class Machine:
         self.deaths: list[str] = []
         self.probing = False  # a probe is out (of this start or of the one before)
         self.restart_at = 0.0  # in backoff: when the next start is due
+        self.smoke_failed: str | None = None  # the smoke's summary, once one failed: the run ends
 
     @property
     def starting(self) -> bool:
@@ -188,7 +200,7 @@ class Machine:
         """When tick() has something to do (a probe's answer or a signal comes earlier)."""
         if self.attempt is None:
             return self.restart_at
-        if self.probing:
+        if self.probing or self.attempt.smoking:
             return self.clock.monotonic() + self.policy.probe_interval_s
         return self.attempt.next_probe
 
@@ -218,7 +230,7 @@ class Machine:
         if self.status in (RunStatus.LAUNCHING, RunStatus.BACKOFF):
             return [Spawn()] if now >= self.restart_at else []
         run = self.attempt
-        if run is None or run.end:
+        if run is None or run.end or run.smoking:  # the smoke's own request timeouts bound it
             return []
         actions: list[Action] = []
         if run.ready_at is None:
@@ -282,7 +294,9 @@ class Machine:
         if run is None or run.number != attempt or run.end:
             return []  # the answer for a start that is over
         if run.ready_at is None:
-            return self._ready(run, result) if result.ok else []
+            if not result.ok:
+                return []
+            return self._smoke(run) if self.policy.smoke else self._ready(run, result)
         actions: list[Action] = [update(last_health=self._health(result))]
         if result.ok:
             if run.failures_in_row:
@@ -326,6 +340,37 @@ class Machine:
                 f"ready: {self.spec.name} generates (after {duration(after)}); "
                 f"probing {self.url()} every {self.policy.probe_interval_s:g}s"
             ),
+        ]
+
+    def _smoke(self, run: Attempt) -> list[Action]:
+        run.smoking, run.phase = True, "smoke"
+        return [
+            update(phase="smoke"),
+            Say(f"{self.spec.name} generates; running the smoke (health.smoke) before calling it ready"),
+            Smoke(run.number),
+        ]
+
+    def smoke_done(self, attempt: int, passed: bool, summary: str, failures: list[str]) -> list[Action]:
+        """The smoke's verdict on a start: passed, it is ready; failed, the server answers
+        wrong, which a restart would not mend: stop it for good and exit FINDINGS."""
+        run = self.attempt
+        if run is None or run.number != attempt or run.end or not run.smoking or self.status is not RunStatus.STARTING:
+            return []  # the verdict on a start that is over, or that is being stopped
+        run.smoking = False
+        record = event(EventKind.SMOKE, attempt=attempt, passed=passed, summary=summary, failures=failures)
+        if passed:
+            ok = ProbeResult(True, 200, "smoke passed", 0.0)
+            return [record, Say(summary), *self._ready(run, ok)]
+        self.smoke_failed = summary
+        self.status = RunStatus.STOPPING
+        return [
+            record,
+            update(status=RunStatus.STOPPING, since=self.clock.time(), smoke=summary),
+            Say(
+                f"{summary}\n    " + "\n    ".join(failures) + f"\nnot calling {self.spec.name} ready: stopping it "
+                "(no restart: a server that answers wrong is not mended by one)"
+            ),
+            Stop(),
         ]
 
     def exited(self, how: str, exit_code: int | None) -> list[Action]:
@@ -443,6 +488,14 @@ class Machine:
         ]
         if report.left:
             actions.append(Say("LEFT RUNNING: " + "; ".join(p.line() for p in report.left)))
+        if self.smoke_failed and clean:  # the run ends as a failed one: gave up, exit 1
+            self.status = RunStatus.GAVE_UP
+            return [
+                *actions,
+                update(status=RunStatus.GAVE_UP, since=self.clock.time()),
+                Say(f"gave up: the smoke failed; log: {self.log}; events: {self.events}"),
+                Exit(ExitCode.FINDINGS),
+            ]
         return [*actions, Exit(ExitCode.OK if clean else ExitCode.UNCLEAN)]
 
     # -- the parts -------------------------------------------------------------------

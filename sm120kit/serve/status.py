@@ -36,6 +36,7 @@ class EventKind(str, Enum):
     STARTED = "started"
     PROGRESS = "progress"
     READY = "ready"
+    SMOKE = "smoke"  # health.smoke's verdict on a start, before it is called ready
     PROBE_FAILED = "probe_failed"
     DIED = "died"
     HUNG = "hung"

@@ -12,13 +12,16 @@ defaults are the real ones; tests stand fakes in for them.
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 import psutil
 
@@ -34,6 +37,7 @@ from sm120kit.serve.machine import (
     Machine,
     Probe,
     Say,
+    Smoke,
     Spawn,
     Stop,
     Update,
@@ -52,6 +56,51 @@ PORT_RELEASE_WAIT_S = 5.0  # a closing socket takes a moment
 GPU_RELEASE_WAIT_S = 15.0
 GPU_MEMORY_SLACK_MIB = 512  # what another tenant's small allocation may add meanwhile
 TREE_SAMPLE_S = 1.0  # how often the run's process tree is sampled (what left it is still known)
+
+
+class Smoker(Protocol):
+    """Runs the smoke (health.smoke) against the server of a start (a Protocol, so that
+    tests can give a verdict of their own)."""
+
+    def start(self, attempt: int) -> None: ...
+
+    def results(self) -> list[tuple[int, tuple[bool, str, list[str]]]]:
+        """The verdicts that came since the last call: (attempt, (passed, summary, failures))."""
+
+
+class ThreadSmoker:
+    """sm120kit.quality's smoke in a thread of its own (the supervisor goes on reading the
+    log and taking signals meanwhile); wake() ends the supervisor's wait for it. A smoke
+    that cannot run (the server went away, a UserError) is a failed one, with its message."""
+
+    def __init__(self, options, wake: Callable[[], None]) -> None:
+        self.options, self._wake = options, wake
+        self._verdicts: queue.SimpleQueue = queue.SimpleQueue()
+
+    def start(self, attempt: int) -> None:
+        from sm120kit.errors import UserError
+        from sm120kit.quality.command import smoke
+
+        def work() -> None:
+            try:
+                result = smoke(self.options)
+                verdict = (result.passed, result.summary(), result.failures)
+            except UserError as exc:
+                verdict = (False, f"smoke FAILED: it could not run: {exc.message}", [exc.message])
+            except BaseException as exc:  # a failed smoke, never a dead thread; its text may hold the key
+                verdict = (False, f"smoke FAILED: smoke error ({type(exc).__name__})", [])
+            self._verdicts.put((attempt, verdict))
+            self._wake()
+
+        threading.Thread(target=work, name="smoke", daemon=True).start()
+
+    def results(self) -> list[tuple[int, tuple[bool, str, list[str]]]]:
+        found = []
+        while True:
+            try:
+                found.append(self._verdicts.get_nowait())
+            except queue.Empty:
+                return found
 
 
 @dataclass
@@ -77,6 +126,8 @@ class Supervisor:
         clock: Clock = SYSTEM_CLOCK,
         host: Host | None = None,  # None: this machine (LocalHost)
         prober: Prober | None = None,  # None: HTTP probes of the server, each in a thread
+        smoker: Smoker | None = None,  # health.smoke: runs the smoke (None: ThreadSmoker of `smoke`)
+        smoke=None,  # the SmokeOptions for health.smoke
     ) -> None:
         self.server, self.policy, self.record = server, policy, record
         self.out = out or sys.stdout
@@ -86,6 +137,7 @@ class Supervisor:
         self.prober = prober or ThreadProber(
             server.host, server.port, policy.probe_timeout_s, server.api_key, self.host.wake
         )
+        self.smoker = smoker or (ThreadSmoker(smoke, self.host.wake) if smoke is not None else None)
         self.machine = Machine(server, policy, clock, str(record.log), str(record.events))
         self.stop_signals: list[int] = []
         self._line_open = False  # the echoed log ended mid-line
@@ -138,6 +190,9 @@ class Supervisor:
         for attempt, result in self.prober.results():
             if (code := self._apply(self.machine.probe_done(attempt, result))) is not None:
                 return code
+        for attempt, verdict in self.smoker.results() if self.smoker else ():
+            if (code := self._apply(self.machine.smoke_done(attempt, *verdict))) is not None:
+                return code
         return self._apply(self.machine.tick())
 
     def _wait(self) -> None:
@@ -175,6 +230,10 @@ class Supervisor:
                 return self._spawn()
             case Probe(attempt):
                 self.prober.start(attempt)
+            case Smoke(attempt):
+                if self.smoker is None:  # nothing to run it with: not a verdict of failure
+                    return self.machine.smoke_done(attempt, True, "smoke skipped: no smoke options", [])
+                self.smoker.start(attempt)
             case Kill(timeout):
                 self._end_run(timeout)
                 return self.machine.after_end(self._log_tail())

@@ -1,0 +1,406 @@
+"""`sm120kit smoke`: the checks against a running server, one SmokeReport.
+
+    answers      the tasks sent one at a time: at least PASS_RATE of them answered right
+    garbage      no output of any request (alone or in the burst) that a detector flags
+    under-load   the tasks again inside a burst of `concurrency` requests at once (filled
+                 with more copies of them): answered right as often as alone, and the
+                 answer lines the same as alone on at least AGREEMENT of the requests
+    logprobs     the fixed text's prompt logprobs come back, finite and <= 0
+    baseline     (--baseline) the same logprobs against the recorded ones: mean and max
+                 |Δ| per token within LOGPROB_MEAN_MAX / LOGPROB_TOKEN_MAX; the answers
+                 the same as recorded on at least AGREEMENT of the tasks
+
+Thresholds, and why: greedy decoding of a healthy server is deterministic for one request;
+in a batch, sglang's kernels may sum in another order (batch-size-dependent reductions)
+and a near-tie between two tokens can flip — on outputs of ~16 tokens that is rare, and
+short answers to easy questions agree. 90 % tolerates a few such flips in a burst of 64+,
+and catches what the field saw (NaN tiles under load, garbled output: most answers wrong).
+Logprobs of the same weights moved by a kernel or KV-cache change differ by ~1e-3..1e-2
+nats per token on average; a broken numeric path moves them by tenths to whole nats: a
+mean above 0.05 or a token above 1.0 nat is a finding."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Protocol
+
+from sm120kit.errors import UserError
+from sm120kit.exit_codes import ExitCode
+from sm120kit.quality import baseline as baselines
+from sm120kit.quality import detectors, tasks
+from sm120kit.quality.client import Client, Reply
+
+PASS_RATE = 0.90  # of the tasks answered right, alone and in the burst
+AGREEMENT = 0.90  # of the burst's answer lines equal to the same task's alone (and of the baseline's)
+LOGPROB_MEAN_MAX = 0.05  # nats: mean |Δ logprob| per prompt token against the baseline
+LOGPROB_TOKEN_MAX = 1.0  # nats: the largest |Δ| of one token
+MIN_BURST, MAX_BURST = 64, 512  # the burst: at least the issue's 64; at most 512 threads and sockets
+MAX_NEW_TOKENS = 16
+GIVE_UP_AFTER = 3  # requests failed in a row, none answered: the rest are not sent
+EXAMPLES = 3
+SHOWN = 60  # characters of an output in an example
+
+
+class Progress(Protocol):
+    def step(self, text: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class SmokeOptions:
+    url: str  # http://host:port
+    api_key: str | None = field(default=None, repr=False)  # Bearer key (never logged)
+    concurrency: int = MIN_BURST  # the burst for the agreement check (>= 64)
+    baseline: Path | None = None  # compare prompt logprobs with this reference file
+    record_baseline: Path | None = None  # write this server's answers + logprobs here
+    name: str | None = None  # the profile: the report's title (None with --url)
+    seed: int = 0  # the tasks' numbers, and sampling_seed
+    tasks: int = tasks.DEFAULT_COUNT
+    max_new_tokens: int = MAX_NEW_TOKENS
+    timeout_s: float = 60.0  # per request
+    budget_s: float = 300.0  # the tasks sent alone stop here (the burst and the logprobs take one timeout each)
+    pass_rate: float = PASS_RATE
+    agreement: float = AGREEMENT
+    logprob_mean_max: float = LOGPROB_MEAN_MAX
+    logprob_token_max: float = LOGPROB_TOKEN_MAX
+
+    def thresholds(self) -> dict:
+        return {
+            "pass_rate": self.pass_rate,
+            "agreement": self.agreement,
+            "logprob_mean_max": self.logprob_mean_max,
+            "logprob_token_max": self.logprob_token_max,
+        }
+
+
+def options_for(profile, url: str | None = None, **overrides) -> SmokeOptions:
+    """The profile's server (or `url`), its key ($server.api_key_env; an `api_key` override
+    wins), a burst of the profile's scale (engine.max_running_requests) within
+    MIN_BURST..MAX_BURST; any other SmokeOptions field as an override."""
+    from sm120kit.serve.probe import probe_host
+
+    if url is None:
+        host = probe_host(profile.server.host)
+        url = f"http://{f'[{host}]' if ':' in host else host}:{profile.server.port}"
+    if "api_key" not in overrides:
+        from sm120kit.bench.client import api_key
+
+        overrides["api_key"] = api_key(profile.server.api_key_env)
+    scale = profile.engine.max_running_requests or MIN_BURST
+    values = {"concurrency": min(MAX_BURST, max(MIN_BURST, scale)), "name": profile.name, **overrides}
+    return SmokeOptions(url=url, **values)
+
+
+class CheckName(str, Enum):
+    ANSWERS = "answers"
+    GARBAGE = "garbage"
+    UNDER_LOAD = "under-load"
+    LOGPROBS = "logprobs"
+    BASELINE = "baseline"
+
+    def __str__(self) -> str:  # a table cell or an f-string shows the word
+        return self.value
+
+
+@dataclass(frozen=True)
+class Check:
+    name: CheckName
+    passed: bool
+    detail: str  # one line: the figures
+    short: str = ""  # a few words for the summary line
+    examples: list[str] = field(default_factory=list)  # what failed, a few
+    data: dict = field(default_factory=dict)
+
+    def failure(self) -> str:
+        shown = f"; e.g. {'; '.join(self.examples)}" if self.examples else ""
+        return f"{self.name}: {self.detail}{shown}"
+
+    def as_json(self) -> dict:
+        return {
+            "name": self.name.value,
+            "passed": self.passed,
+            "detail": self.detail,
+            "examples": self.examples,
+            **self.data,
+        }
+
+
+@dataclass(frozen=True)
+class SmokeReport:
+    passed: bool
+    failures: list[str]  # one line per failed check: its name, what failed, an example
+    checks: list[Check]
+    url: str
+    model: str | None
+    sglang: str | None
+    seconds: float
+    tasks: int
+    concurrency: int
+    thresholds: dict
+    name: str | None = None
+    baseline: Path | None = None  # compared with
+    recorded: Path | None = None  # written
+    note: str | None = None  # e.g. why --record-baseline wrote nothing
+
+    def summary(self) -> str:
+        if not self.passed:
+            failed = [str(c.name) for c in self.checks if not c.passed]
+            return (
+                f"smoke FAILED: {', '.join(failed)} ({len(failed)} of {len(self.checks)} checks; {self.seconds:.1f} s)"
+            )
+        return f"smoke passed: {', '.join(c.short or str(c.name) for c in self.checks)} ({self.seconds:.1f} s)"
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return ExitCode.OK if self.passed else ExitCode.FINDINGS
+
+    def as_json(self) -> dict:
+        return {
+            "passed": self.passed,
+            "summary": self.summary(),
+            "name": self.name,
+            "url": self.url,
+            "model": self.model,
+            "sglang": self.sglang,
+            "seconds": round(self.seconds, 3),
+            "tasks": self.tasks,
+            "concurrency": self.concurrency,
+            "thresholds": self.thresholds,
+            "checks": [c.as_json() for c in self.checks],
+            "failures": self.failures,
+            "baseline": str(self.baseline) if self.baseline else None,
+            "recorded_baseline": str(self.recorded) if self.recorded else None,
+            "note": self.note,
+            "exit_code": int(self.exit_code),
+        }
+
+
+class _Quiet:
+    def step(self, text: str) -> None:
+        pass
+
+
+def check_options(options: SmokeOptions) -> None:
+    if not MIN_BURST <= options.concurrency <= MAX_BURST:
+        raise UserError(
+            f"a burst of {options.concurrency} requests: allowed: {MIN_BURST} to {MAX_BURST}",
+            f"e.g. --concurrency {MIN_BURST} (the profile's engine.max_running_requests by default)",
+        )
+    if options.tasks < tasks.MIN_COUNT:
+        raise UserError(f"{options.tasks} tasks: at least {tasks.MIN_COUNT}")
+
+
+def smoke(options: SmokeOptions, progress: Progress | None = None) -> SmokeReport:
+    """Every check against options.url. UserError (exit 2) when the server is not there or
+    refuses the key, or the baseline is corrupt or of another model or tokenizer."""
+    check_options(options)
+    progress = progress or _Quiet()
+    began = time.monotonic()
+    reference = baselines.load(options.baseline) if options.baseline else None  # before any request
+    client = Client(options.url, options.api_key, options.timeout_s, options.seed)
+    model = client.reach()
+    info = client.get_json("/server_info") or client.get_json("/get_server_info") or {}
+    model_path = info.get("model_path") if isinstance(info.get("model_path"), str) else None
+    sglang = info.get("version") if isinstance(info.get("version"), str) else None
+    if reference:
+        baselines.same_model(options.baseline, reference, model, model_path)
+    work = tasks.generate(options.seed, options.tasks)
+
+    progress.step(f"{len(work)} tasks, one request at a time ...")
+    alone = _alone(client, work, options.max_new_tokens, began + options.budget_s)
+    checks = [_answers(work, alone, options)]
+    burst: list[Reply] = []
+    if any(r.error is None for r in alone):
+        progress.step(f"the tasks again inside a burst of {options.concurrency} concurrent requests ...")
+        burst = client.burst([work[i % len(work)].prompt for i in range(options.concurrency)], options.max_new_tokens)
+    checks.append(_garbage(work, alone, burst))
+    checks.append(_under_load(work, alone, burst, options))
+
+    progress.step("prompt logprobs of the fixed text ...")
+    texts = dict.fromkeys([baselines.FIXED_TEXT, *([reference.text] if reference else [])])
+    found = {text: _logprobs(client, text) for text in texts}
+    checks.append(_logprob_check(found[baselines.FIXED_TEXT]))
+    if reference:
+        checks.append(_baseline_check(options, reference, found[reference.text], work, alone))
+
+    failed = [c for c in checks if not c.passed]
+    recorded, note = None, None
+    if options.record_baseline:
+        parsed = found[baselines.FIXED_TEXT][0]
+        if failed or parsed is None:
+            note = f"baseline not recorded ({options.record_baseline}): the smoke failed; a reference must be right"
+        else:
+            ids, values = parsed
+            answers = {t.id: tasks.answer_line(r.text) for t, r in zip(work, alone)}
+            record = baselines.Baseline(
+                model, model_path, sglang, baselines.FIXED_TEXT, ids, values, answers, options.seed, options.url,
+                baselines.now(),
+            )  # fmt: skip
+            try:
+                baselines.save(options.record_baseline, record)
+            except OSError as exc:
+                raise UserError(
+                    f"cannot write the baseline {options.record_baseline}: {exc.strerror or exc}",
+                    "give a writable path: --record-baseline FILE",
+                ) from None
+            recorded = options.record_baseline
+    return SmokeReport(
+        passed=not failed,
+        failures=[c.failure() for c in failed],
+        checks=checks,
+        url=options.url,
+        model=model,
+        sglang=sglang,
+        seconds=time.monotonic() - began,
+        tasks=len(work),
+        concurrency=options.concurrency,
+        thresholds=options.thresholds(),
+        name=options.name,
+        baseline=options.baseline,
+        recorded=recorded,
+        note=note,
+    )
+
+
+# -- the parts ---------------------------------------------------------------------------
+
+
+def _alone(client: Client, work: list[tasks.Task], max_new_tokens: int, deadline: float) -> list[Reply]:
+    """One request at a time; after GIVE_UP_AFTER failures in a row with none answered, or
+    past the deadline, the rest are not sent (a server that times out would take minutes)."""
+    replies: list[Reply] = []
+    for task in work:
+        if len(replies) >= GIVE_UP_AFTER and all(r.error for r in replies):
+            replies.append(Reply(error=f"not sent: the first {len(replies)} requests failed"))
+            continue
+        if time.monotonic() > deadline:
+            replies.append(Reply(error="not sent: the smoke's time budget ran out"))
+            continue
+        replies.append(client.generate(task.prompt, max_new_tokens))
+    return replies
+
+
+def _shown(reply: Reply) -> str:
+    if reply.error:
+        return f"error: {reply.error}"
+    text = reply.text if len(reply.text) <= SHOWN else reply.text[:SHOWN] + "..."
+    return repr(text)
+
+
+def _percent(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.0f} %" if whole else "-"
+
+
+def _answers(work: list[tasks.Task], alone: list[Reply], options: SmokeOptions) -> Check:
+    wrong = [(t, r) for t, r in zip(work, alone) if r.error or not t.check(r.text)]
+    right = len(work) - len(wrong)
+    passed = right >= math.ceil(options.pass_rate * len(work))
+    detail = (
+        f"{right}/{len(work)} answers right ({_percent(right, len(work))}, at least {options.pass_rate:.0%} needed)"
+    )
+    examples = [f"{t.id} {t.question!r} -> {_shown(r)} (expected {t.answer})" for t, r in wrong[:EXAMPLES]]
+    short = f"{right}/{len(work)} answers right"
+    return Check(
+        CheckName.ANSWERS, passed, detail, short, [] if passed else examples, {"right": right, "of": len(work)}
+    )
+
+
+def _garbage(work: list[tasks.Task], alone: list[Reply], burst: list[Reply]) -> Check:
+    counts = dict.fromkeys(detectors.NAMES, 0)
+    examples: dict[str, str] = {}
+    outputs = [("alone", work[i], r) for i, r in enumerate(alone)]
+    outputs += [("burst", work[i % len(work)], r) for i, r in enumerate(burst)]
+    for where, task, reply in outputs:
+        if reply.error:
+            continue
+        for name in detectors.flags(detectors.Output(reply.text, reply.completion_tokens, reply.finish)):
+            counts[name] += 1
+            examples.setdefault(name, f"{name} ({where}) {task.id} -> {_shown(reply)}")
+    fired = {name: n for name, n in counts.items() if n}
+    answered = sum(1 for _, _, r in outputs if not r.error)
+    if not fired:
+        detail = f"no garbage in {answered} outputs ({', '.join(detectors.NAMES)})"
+    else:
+        detail = ", ".join(f"{name} in {n} of {answered} outputs" for name, n in fired.items())
+    examples_ = list(examples.values())[:EXAMPLES]
+    return Check(CheckName.GARBAGE, not fired, detail, "no garbage", examples_, {"detectors": counts})
+
+
+def _under_load(work: list[tasks.Task], alone: list[Reply], burst: list[Reply], options: SmokeOptions) -> Check:
+    if not burst:
+        return Check(CheckName.UNDER_LOAD, False, "not run: no task was answered alone", data={"requests": 0})
+    n = len(work)
+    right = sum(1 for i, r in enumerate(burst) if not r.error and work[i % n].check(r.text))
+    differ = [
+        (i, r)
+        for i, r in enumerate(burst)
+        if r.error or alone[i % n].error or tasks.answer_line(r.text) != tasks.answer_line(alone[i % n].text)
+    ]
+    same = len(burst) - len(differ)
+    passed = right >= math.ceil(options.pass_rate * len(burst)) and same >= math.ceil(options.agreement * len(burst))
+    detail = (
+        f"burst of {len(burst)}: {right} right ({_percent(right, len(burst))}), "
+        f"{same} agree with alone ({_percent(same, len(burst))}, at least {options.agreement:.0%} needed)"
+    )
+    examples = [
+        f"{work[i % n].id}: alone {_shown(alone[i % n])}, in the burst {_shown(r)}" for i, r in differ[:EXAMPLES]
+    ]
+    if not examples:  # as wrong as alone: the answers check shows what
+        wrong = [(i, r) for i, r in enumerate(burst) if r.error or not work[i % n].check(r.text)]
+        examples = [f"{work[i % n].id} in the burst -> {_shown(r)}" for i, r in wrong[:EXAMPLES]]
+    data = {"requests": len(burst), "right": right, "agree": same, "errors": sum(1 for r in burst if r.error)}
+    short = f"burst of {len(burst)} agrees on {same}/{len(burst)}"
+    return Check(CheckName.UNDER_LOAD, passed, detail, short, [] if passed else examples, data)
+
+
+def _logprobs(client: Client, text: str) -> tuple[tuple[list[int], list] | None, Reply]:
+    reply = client.generate(text, 1, return_logprob=True, logprob_start_len=0)
+    return (None if reply.error else baselines.parse_logprobs(reply.meta)), reply
+
+
+def _logprob_check(found: tuple) -> Check:
+    parsed, reply = found
+    if parsed is None:
+        why = reply.error or "no meta_info.input_token_logprobs in sglang's [logprob, token_id, text] shape"
+        return Check(CheckName.LOGPROBS, False, f"the fixed text's prompt logprobs did not come back: {why}")
+    ids, values = parsed
+    bad = [(i, v) for i, v in enumerate(values[1:], 1) if not (math.isfinite(v) and v <= 1e-6)]
+    detail = f"{len(ids)} prompt logprobs" + (", finite and <= 0" if not bad else f": {len(bad)} not finite or > 0")
+    examples = [f"token {i} (id {ids[i]}): {v}" for i, v in bad[:EXAMPLES]]
+    return Check(
+        CheckName.LOGPROBS, not bad, detail, "logprobs finite", examples, {"tokens": len(ids), "bad": len(bad)}
+    )
+
+
+def _baseline_check(
+    options: SmokeOptions, reference: baselines.Baseline, found: tuple, work: list[tasks.Task], alone: list[Reply]
+) -> Check:
+    parsed, reply = found
+    if parsed is None:
+        return Check(
+            "baseline", False, f"not compared: the prompt logprobs did not come back ({reply.error or 'none'})"
+        )
+    d = baselines.drift(options.baseline, reference, *parsed)
+    ok = d.mean <= options.logprob_mean_max and d.max <= options.logprob_token_max
+    detail = (
+        f"|Δ logprob| mean {d.mean:.4f} (at most {options.logprob_mean_max:g}), max {d.max:.4f} "
+        f"(at most {options.logprob_token_max:g}) over {d.tokens} tokens"
+    )
+    examples = [] if ok else [f"token {d.worst} (id {d.worst_token}) moved {d.max:.4f}"]
+    short = f"baseline |Δ| mean {d.mean:.4f} max {d.max:.4f}"
+    data = {"mean_abs_delta": d.mean, "max_abs_delta": d.max, "tokens": d.tokens, "worst_token": d.worst}
+    if reference.answers and reference.seed == options.seed:
+        pairs = [(t, r) for t, r in zip(work, alone) if t.id in reference.answers]
+        moved = [(t, r) for t, r in pairs if tasks.answer_line(r.text) != reference.answers[t.id]]
+        same = len(pairs) - len(moved)
+        agree = same >= math.ceil(options.agreement * len(pairs))
+        detail += f"; {same}/{len(pairs)} answers as recorded"
+        short += f", {same}/{len(pairs)} answers as recorded"
+        data["answers_as_recorded"] = same
+        if not agree:
+            examples += [f"{t.id}: recorded {reference.answers[t.id]!r}, now {_shown(r)}" for t, r in moved[:EXAMPLES]]
+        ok = ok and agree
+    return Check(CheckName.BASELINE, ok, detail, short, examples, data)
