@@ -20,7 +20,8 @@ import pytest
 from standin import PROFILES, Served, make_env_python
 
 from sm120kit.bench.analysis import Level, verdict
-from sm120kit.bench.search import Outcome, VariantResult, picks
+from sm120kit.bench.search import Outcome, VariantResult
+from sm120kit.bench.search_report import picks
 
 LOAD = {"load_s": 0.2, "warmup_s": 0.1, "shards": 2}
 CRASH = "RuntimeError: CUDA error: an illegal instruction was encountered"

@@ -115,7 +115,7 @@ def plan_text(plan, estimate, width: int | None) -> str:
 
 def search_text(result, width: int | None) -> str:
     """The end of a search (or of `bench compare RUN_DIR`): the table and the verdicts."""
-    from sm120kit.bench import search
+    from sm120kit.bench.search_report import table
 
     if result.dry_run is not None:
         return (
@@ -123,7 +123,7 @@ def search_text(result, width: int | None) -> str:
             + "\n"
             + report.wrap(f"dry run: nothing was started; results would go to {result.directory}", width)
         )
-    headers, rows = search.table(result)
+    headers, rows = table(result)
     lines = ["", report.wrap(f"{result.plan.profile}: total tok/s by variant and concurrency", width)]
     lines += [report.table(headers, rows, width, narrow=(0,)), ""]
     lines += [report.wrap(line, width) for line in result.lines]

@@ -403,6 +403,13 @@ def plan(
     from sm120kit.profiles.loader import load_profile
     from sm120kit.profiles.render import render
 
+    baseline = load_profile(profile_name, profile_dirs, base_sets)
+    loaded = []  # every variant loads (bad input) before the environment is looked at
+    for variant in variants:
+        try:
+            loaded.append((variant, load_profile(profile_name, profile_dirs, [*base_sets, *variant.sets])))
+        except UserError as exc:
+            raise _bad_variant(exc, variant, source, profile_name, profile_dirs, base_sets) from None
     dist = target.find("sglang")
     if dist is None:
         raise UserError(
@@ -413,7 +420,6 @@ def plan(
     notes = []
     if written_for and written_for != profile_name:
         notes.append(f"{source} was written for profile {written_for}; searching {profile_name}")
-    baseline = load_profile(profile_name, profile_dirs, base_sets)
     launch = render(baseline, schema, python)  # the profile as written must render: else nothing to compare with
     planned = [
         Planned(
@@ -426,11 +432,7 @@ def plan(
         )
     ]
     seen = {_fingerprint(baseline): BASELINE}
-    for variant in variants:
-        try:
-            profile = load_profile(profile_name, profile_dirs, [*base_sets, *variant.sets])
-        except UserError as exc:
-            raise _bad_variant(exc, variant, source, profile_name, profile_dirs, base_sets) from None
+    for variant, profile in loaded:
         skip = []
         for package, rng in variant.requires:
             dist_r = target.find(package)

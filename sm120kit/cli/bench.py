@@ -191,7 +191,7 @@ def cmd_bench(args) -> int:
                 "sm120kit bench compare BEFORE_DIR AFTER_DIR, or sm120kit bench compare SEARCH_DIR",
             )
         if len(args.name) == 2:
-            from sm120kit.bench.search import load_search
+            from sm120kit.bench.search_report import load_search
 
             found = load_search(args.name[1])
             if args.json:
