@@ -506,9 +506,12 @@ def ps_row(run: dict) -> list[str]:
     else:
         supervisor = str(pid) if run.get("running") else f"{pid} (gone)"
     restarts, host, port = run.get("restarts"), run.get("host"), run.get("port")
+    status = str(run.get("status") or "-")
+    if status == "starting" and run.get("phase") == "smoke":  # it generates; health.smoke decides "ready"
+        status = "starting (smoke)"
     return [  # "-" for what the record does not hold (a damaged one holds little): never an invented value
         str(run.get("profile") or "-"),
-        str(run.get("status") or "-"),
+        status,
         supervisor,
         str(run.get("server_pid") or "-"),
         _ago(run.get("since")),

@@ -7,6 +7,7 @@ A module of its own: no other stand-in server may run meanwhile (it would be sta
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -188,6 +189,10 @@ def test_the_search_picks_the_fast_variant_excludes_garbage_records_the_crash_an
         for name in names:
             assert f"{name}: already {variant(out, name)['status']} in this directory, not run again" in again.stdout
         assert "already done in the directory, not run again: as-written, fast, garbage, garbage-served" in again.stdout
+        # a crash may have been the node's (a port in use): how to run it again is said
+        assert f"crash: already crashed in this directory, not run again (remove {out / 'crash'} to run it" in (
+            again.stdout.replace("\n  ", " ")
+        )
     finally:
         s.cleanup()
 
@@ -225,6 +230,12 @@ def test_an_interrupted_search_keeps_what_is_done_and_a_rerun_goes_on(env_python
         ]
         assert doc["picks"][-1]["best"] == "max_running_requests=96" and doc["exit_code"] == 0
         assert doc["adopt"]["set"][-1] == "engine.max_running_requests=96"
+        # pasted as printed, it serves the winner: the profile directory and python the search had
+        adopt = doc["adopt"]["command"].split()
+        assert adopt[:3] == ["sm120kit", "serve", "standin"] and ["--profile-dir", str(PROFILES)] == adopt[3:5]
+        assert adopt[5:7] == ["--python", str(s.python)]
+        served = run([sys.executable, "-m", "sm120kit", *adopt[1:], "--dry-run"], s.env)
+        assert served.returncode == 0 and "--max-running-requests 96" in served.stdout, served.stderr
         assert not s.ours()
     finally:
         if proc.poll() is None:
@@ -233,7 +244,82 @@ def test_an_interrupted_search_keeps_what_is_done_and_a_rerun_goes_on(env_python
         s.cleanup()
 
 
-def test_a_stop_that_leaves_a_process_ends_the_search(tmp_path, monkeypatch):
+def test_a_server_stopped_by_someone_else_during_its_sweep_is_not_done(env_python, tmp_path):
+    """The variant's `sm120kit serve` ends before the search stops it (someone stopped it,
+    its supervisor was killed): its levels ran against no server, so the variant is
+    recorded as crashed, with who stopped it, not as done."""
+    import psutil
+
+    s = Served(tmp_path / "own", env_python, FAULTS, [], [], {})
+    out = tmp_path / "search"
+    argv = search_argv(s, out, "--vary", "engine.max_running_requests=96", "--no-smoke")  # levels 4 and 8
+    slow = {**s.env, "SGLANG_STANDIN_BENCH": json.dumps({"sleep_s": 1.0})}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=slow)
+    try:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not (out / "max_running_requests=96" / "c4.log").exists():
+            time.sleep(0.05)
+        bench = psutil.Process(proc.pid)
+
+        def cmdlines() -> list[tuple[psutil.Process, list[str]]]:
+            found = []
+            for c in bench.children():
+                with contextlib.suppress(psutil.Error):
+                    found.append((c, c.cmdline()))
+            return found
+
+        while time.monotonic() < end and not any("bench_serving" in " ".join(c) for _, c in cmdlines()):
+            time.sleep(0.05)
+        time.sleep(0.3)  # the client stand-in found the server ready and is in its sleep_s
+        [child] = [p for p, c in cmdlines() if c == bench.cmdline()]  # the forked serve child
+        child.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=90)
+        assert proc.returncode == 1, stdout + stderr
+        assert not s.ours()
+        gone = variant(out, "max_running_requests=96")
+        assert gone["status"] == "crashed", gone
+        assert "the server stopped during the sweep (SIGTERM to its sm120kit serve; " in gone["why"]
+        assert "crashed: max_running_requests=96: the server stopped during the sweep" in stdout
+        # the next level is not run against no server (the client would wait a minute for it)
+        assert not (out / "max_running_requests=96" / "c8.log").exists()
+        assert variant(out, "as-written")["status"] == "done"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        s.cleanup()
+
+
+def test_a_variant_the_preflight_refuses_is_tried_again_on_a_rerun(env_python, tmp_path):
+    """A refusal by serve's preflight (a port in use, a stale process, busy GPUs) is the
+    node's state, not the variant's: recorded as refused (exit 1), and a rerun with the
+    same --out tries it again rather than skip it as finished."""
+    import socket
+
+    s = Served(tmp_path / "own", env_python, FAULTS, [], [], {})
+    out = tmp_path / "search"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        argv = search_argv(s, out, "--vary", f"server.port={port}", "--concurrency", "4", "--no-smoke")
+        try:
+            done = run(argv, s.env)
+            assert done.returncode == 1, done.stdout + done.stderr
+            refused = variant(out, f"port={port}")
+            assert refused["status"] == "refused" and refused["why"].startswith("refused by the preflight: ports")
+            assert f"refused: port={port}: refused by the preflight" in done.stdout
+            assert "a rerun with the same --out tries it again" in done.stdout
+            again = run(argv, s.env)
+            assert again.returncode == 1, again.stdout + again.stderr
+            assert "as-written: already done" in again.stdout and f"port={port}: already" not in again.stdout
+            assert again.stdout.count("starting the server") == 1
+            assert not s.ours()
+        finally:
+            s.cleanup()
+
+
+def test_a_stop_that_leaves_a_process_ends_the_search(tmp_path, monkeypatch, cli):
     """serve's stop proves what it left (exit code 3, UNCLEAN, and its `stopped` event): the
     search records it and stops there rather than start the next variant on a node that is
     not free. (The stand-in cannot outlive the supervisor's stop: the supervisor is its
@@ -256,7 +342,9 @@ def test_a_stop_that_leaves_a_process_ends_the_search(tmp_path, monkeypatch):
         vdir.mkdir(parents=True)
         stop = search._stop_from_events(events, 0, 3 if planned.name == "a" else 0)
         why = stop.get("said", "") if planned.name == "a" else ""
-        return VariantResult(planned.name, [], Outcome.DONE, why, [runs(4, [100.0])], stop=stop)
+        result = VariantResult(planned.name, [], Outcome.DONE, why, [runs(4, [100.0])], stop=stop)
+        (vdir / "variant.json").write_text(json.dumps(result.as_json()))
+        return result
 
     monkeypatch.setattr(search, "_run_variant", fake)
     progress = type("Quiet", (), {"__getattr__": lambda self, name: lambda *a, **k: None})()
@@ -267,6 +355,9 @@ def test_a_stop_that_leaves_a_process_ends_the_search(tmp_path, monkeypatch):
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "STOPPED EARLY: the stop of a left a process, port or GPU memory of its server" in summary
     assert "not run: b (a rerun with the same --out runs them)" in summary
+    # `bench compare RUN_DIR` read it: it exits 0 (printed), and its --json says the same
+    code, out, err = cli("bench", "compare", tmp_path / "out", "--json")
+    assert code == 0 and json.loads(out)["exit_code"] == 0, out + err
 
 
 def test_repeat_gives_the_median_and_spread_and_close_variants_are_within_noise(env_python, tmp_path):
@@ -311,7 +402,8 @@ def test_dry_run_lists_the_variants_and_the_time_and_starts_nothing(env_python, 
     assert done.returncode == 0, done.stdout + done.stderr
     assert next(x for x in done.stdout.splitlines() if x.startswith("future")).split()[:2] == ["future", "skipped"]
     assert "skipped: future: needs sglang>=9; installed: 0.5.23 (needs a release from the future)" in done.stdout
-    assert "estimated time: 7 variant(s) to run, about" in done.stdout
+    # no start measured: each start counts at its whole budget, so the time is a bound, said so
+    assert "estimated time: 7 variant(s) to run, up to ~" in done.stdout and "in all at most" in done.stdout
     assert "start up to 30 s (health.startup_timeout_s)" in done.stdout and "2 level(s) x 2 run(s)" in done.stdout
     assert "nothing was started" in done.stdout
     assert not out.exists() and not s.dir.exists() and not s.ours()
@@ -522,3 +614,30 @@ def test_the_best_variant_is_named_only_past_the_spread():
     assert found[0].best is None and found[0].leader == "a" and "within noise of it" in lines[0]
     found, lines = picks([result("as-written", [100, 104, 108]), result("a", [120, 125, 130])], True)
     assert found[0].best == "a" and "+20.2% over the next, as-written (104.0)" in lines[0]
+
+
+def test_a_level_whose_requests_failed_is_not_ranked():
+    """A variant that drops requests at a level is not the best there (its figure is not of
+    the same work), and the report says why it was left out."""
+    failing = runs(64, [200.0])
+    failing.figures["completed"] = failing.runs[0]["completed"] = 16
+    found, lines = picks(
+        [
+            VariantResult("as-written", [], Outcome.DONE, levels=[runs(64, [100.0])]),
+            VariantResult("a", [], Outcome.DONE, levels=[failing]),
+        ],
+        False,
+    )
+    assert [(p.concurrency, p.best) for p in found] == [(64, "as-written"), (None, "as-written")]
+    assert "not ranked: a at concurrency 64: 16 of 32 requests failed" in lines
+
+
+def test_a_damaged_search_file_is_refused_with_what_to_do(cli, env_python, tmp_path, monkeypatch):
+    monkeypatch.setenv("SM120KIT_STATE_DIR", str(tmp_path / "state"))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "search.json").write_text("{not json")
+    argv = ["bench", "standin", "--serve", "--python", env_python, "--profile-dir", PROFILES, "--out", out]
+    code, _, err = cli(*argv, "--vary", "engine.radix_cache=false", "--dry-run")
+    assert code == 2 and f"{out / 'search.json'} cannot be read" in err, err
+    assert "that variant runs again" not in err and "give another --out" in err, err

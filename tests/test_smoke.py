@@ -136,6 +136,7 @@ def test_the_machine_calls_it_ready_only_after_the_smoke_passed():
     actions = machine.smoke_done(1, True, "smoke passed: 32/32 answers right", [])
     assert actions[0].kind is EventKind.SMOKE and actions[0].fields["passed"] is True
     assert machine.status is RunStatus.READY and any(getattr(a, "kind", None) is EventKind.READY for a in actions)
+    assert {"phase": "smoke passed"} in [getattr(a, "fields", None) for a in actions]  # ps: no longer "(smoke)"
     assert machine.smoke_done(1, False, "late", []) == []  # one verdict per start
 
 
@@ -236,9 +237,9 @@ class TestAHealthyServer:
         lines = done.stdout.splitlines()
         assert max(map(len, lines)) <= 100  # to a pipe: 100 columns
         assert lines[:3] == [
+            "prompt logprobs of the fixed text ...",  # first: a baseline of another tokenizer stops there
             "32 tasks, one request at a time ...",
             "the tasks again inside a burst of 64 concurrent requests ...",
-            "prompt logprobs of the fixed text ...",
         ]
         assert lines[3].startswith(f"smoke of standin at http://127.0.0.1:{healthy.served.port} (model glm-5")
         assert any(line.startswith("PASS  under-load  burst of 64: 64 right (100 %)") for line in lines)
@@ -262,15 +263,13 @@ class TestAHealthyServer:
         other.write_text(json.dumps({**doc, "model": "Qwen/Qwen3-8B", "model_path": "Qwen/Qwen3-8B"}))
         refused(
             healthy.smoke("--baseline", str(other)),
-            "was recorded from another model (Qwen/Qwen3-8B / Qwen/Qwen3-8B); this server serves glm-5",
+            "was recorded from another model (Qwen/Qwen3-8B); this server serves glm-5",
             "nothing was compared",
         )
         other.write_text(json.dumps({**doc, "token_ids": [7, *doc["token_ids"][1:]]}))
-        refused(
-            healthy.smoke("--baseline", str(other)),
-            "tokenizes the fixed text differently",
-            "first difference at token 0",
-        )
+        done = healthy.smoke("--baseline", str(other))
+        refused(done, "tokenizes the fixed text differently", "first difference at token 0")
+        assert "tasks, one request at a time" not in done.stdout  # found before the tasks were sent
 
     def test_no_server_a_bad_concurrency_and_no_target_are_refused(self, healthy, tmp_path):
         nobody = free_port()
@@ -470,3 +469,206 @@ def test_serve_with_health_smoke_calls_a_healthy_server_ready_after_it(tmp_path,
         assert served.signal() == 0
     finally:
         served.cleanup()
+
+
+# -- review fixes ---------------------------------------------------------------------------------
+
+
+def test_a_wrong_number_beside_the_right_one_or_a_decimal_does_not_pass():
+    add = tasks.Task("t", tasks.Kind.ADD, "What is 17 + 25?", "42")
+    assert add.check("17 + 25 = 42") and add.check("The sum of 17 and 25 is 42.")
+    assert not any(add.check(t) for t in ("43 or 42", "Maybe 41, no: 42", "42.5", "4.42", "-42", "4200"))
+    nxt = tasks.Task("t", tasks.Kind.NEXT, "What number comes next: 5, 8, 11, 14?", "17")
+    assert nxt.check("5, 8, 11, 14, 17") and not nxt.check("15, 17")
+
+
+def test_a_leading_think_block_is_skipped_and_an_unclosed_one_is_not_an_answer():
+    add = tasks.Task("t", tasks.Kind.ADD, "What is 17 + 25?", "42")
+    assert add.check("<think>\n17 + 25: 7 + 5 = 12, carry 1, so 42.\n</think>\n\n42")
+    assert add.check("<think>\n\n</think>\n\n 42\n\nQuestion: What is 1 + 1?")
+    assert tasks.answer_line("<think></think> 42") == "42"
+    assert not add.check("<think>\nLet me add 17 and 25. 17 + 25 = 42")  # still thinking: no answer line
+
+
+class Hangs:
+    """A server that answers /v1/models and the first `answers` /generate requests, then
+    holds every later one open without a reply (a hung scheduler)."""
+
+    def __init__(self, answers: int) -> None:
+        from http.server import BaseHTTPRequestHandler
+
+        self.release = threading.Event()
+        seen = [0]
+        release = self.release
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a) -> None:
+                pass
+
+            def reply(self, doc: dict) -> None:
+                data = json.dumps(doc).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self.reply({"data": [{"id": "m"}]} if self.path == "/v1/models" else {})
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                seen[0] += 1
+                if seen[0] > answers:
+                    release.wait(30)
+                self.reply({"text": " 1", "meta_info": {"completion_tokens": 2, "finish_reason": {"type": "stop"}}})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.server.handle_error = lambda *a: None  # a reply to a client that gave up: no noise
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("answers", [0, 5])
+def test_a_server_that_hangs_mid_run_ends_the_smoke_within_its_budget(answers):
+    import time
+
+    server = Hangs(answers)
+    began = time.monotonic()
+    try:
+        report = smoke(SmokeOptions(url=server.url, timeout_s=0.5, budget_s=4.0))
+    finally:
+        server.close()
+    took = time.monotonic() - began
+    assert took < 4.0 + 1.0, took  # not 32 timeouts, nor the burst and the logprobs past the budget
+    assert not report.passed and report.stalled and "timed out" in report.stalled
+    assert report.as_json()["stalled"] == report.stalled
+
+
+def test_a_key_the_server_wants_but_was_not_given_is_named(tmp_path):
+    from sm120kit.errors import UserError
+    from sm120kit.quality.client import Client
+
+    class Wants(ThreadingHTTPServer):
+        pass
+
+    from http.server import BaseHTTPRequestHandler
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = Wants(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(UserError) as none:
+            Client(url).reach()
+        with pytest.raises(UserError) as wrong:
+            Client(url, api_key="k-0123456789").reach()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "asks for an API key (401) and none was given" in none.value.message
+    assert "refuses the API key (401)" in wrong.value.message and "k-0123456789" not in str(wrong.value.__dict__)
+
+
+def test_a_baseline_message_names_the_model_once_and_the_command_to_record_one(tmp_path):
+    from sm120kit.errors import UserError
+
+    kept = baseline.Baseline("org/a", "org/a", None, "x y", [1, 2], [None, -1.0])
+    with pytest.raises(UserError) as other:
+        baseline.same_model(tmp_path / "b.json", kept, "org/b", "org/b")
+    assert "another model (org/a); this server serves org/b:" in other.value.message
+    assert other.value.hint.endswith("sm120kit smoke PROFILE --record-baseline FILE")
+    with pytest.raises(UserError) as missing:
+        baseline.load(tmp_path / "none.json", "--url http://127.0.0.1:30000")
+    assert missing.value.hint.endswith(
+        f"sm120kit smoke --url http://127.0.0.1:30000 --record-baseline {tmp_path / 'none.json'}"
+    )
+
+
+def test_a_smoke_the_server_did_not_answer_takes_the_hung_path_and_restarts():
+    machine = generating_machine()
+    actions = machine.smoke_done(1, False, "smoke FAILED: answers", ["answers: timed out"], answered=False)
+    assert machine.smoke_failed is None and machine.status is not RunStatus.GAVE_UP
+    assert any(type(a).__name__ == "Kill" for a in actions) and machine.attempt.end.kind is EventKind.HUNG
+    assert "did not answer the smoke" in machine.attempt.end.detail
+
+
+def test_a_baseline_compared_with_a_server_that_returns_no_logprobs_fails_and_reports(tmp_path):
+    recorded = tmp_path / "b.json"
+    kept = baseline.Baseline("m", None, None, baseline.FIXED_TEXT, [1, 2], [None, -1.0])
+    baseline.save(recorded, kept)
+    server = Hangs(1000)  # answers everything, with no meta_info.input_token_logprobs
+    try:
+        report = smoke(SmokeOptions(url=server.url, baseline=recorded))
+    finally:
+        server.close()
+    doc = report.as_json()  # the failed baseline check is named as the others are
+    assert doc["checks"][-1]["name"] == "baseline" and doc["checks"][-1]["passed"] is False
+    assert "not compared: the prompt logprobs did not come back" in doc["checks"][-1]["detail"]
+
+
+def test_the_thread_smoker_says_whether_the_server_answered():
+    from sm120kit.serve.supervisor import ThreadSmoker
+
+    woke = threading.Event()
+    hung, nobody = Hangs(0), f"http://127.0.0.1:{free_port()}"
+    try:
+        for n, url in enumerate((hung.url, nobody), 1):
+            woke.clear()
+            smoker = ThreadSmoker(SmokeOptions(url=url, timeout_s=0.3, budget_s=3.0), woke.set)
+            smoker.start(n)
+            assert woke.wait(10)
+            [(attempt, (passed, summary, failures, answered))] = smoker.results()
+            assert attempt == n and not passed and not answered, (summary, failures)
+    finally:
+        hung.close()
+
+
+def test_ps_says_a_starting_server_is_being_smoked():
+    from sm120kit import report
+
+    run = {"profile": "glm5-nvfp4", "status": "starting", "phase": "smoke", "running": True, "supervisor_pid": 1}
+    assert report.ps_row(run)[1] == "starting (smoke)"
+    assert report.ps_row({**run, "status": "ready"})[1] == "ready"  # the phase of the start is over
+    assert report.ps_row({**run, "phase": "loading weights 50% (2/4 shards)"})[1] == "starting"
+
+
+def test_a_baseline_that_cannot_be_written_is_refused_before_any_request_and_leaves_nothing(tmp_path):
+    from sm120kit.errors import UserError
+
+    where = tmp_path / "a-directory"
+    where.mkdir()
+    nobody = f"http://127.0.0.1:{free_port()}"  # refused first, before the server is asked anything
+    with pytest.raises(UserError, match=r"cannot write the baseline .*a-directory: it is a directory"):
+        smoke(SmokeOptions(url=nobody, record_baseline=where))
+    with pytest.raises(OSError):
+        baseline.save(where, baseline.Baseline("m", None, None, "x y", [1, 2], [None, -1.0]))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-directory"]  # no temp file left
+
+
+def test_a_profile_taken_for_the_baseline_file_is_explained():
+    done = subprocess.run(
+        [sys.executable, "-m", "sm120kit", "smoke", "--record-baseline", "glm5-nvfp4"], capture_output=True, text=True
+    )
+    refused(done, "smoke takes one profile", "--record-baseline took 'glm5-nvfp4' as its FILE")
+
+
+def test_no_server_for_a_profile_names_the_serve_command():
+    from sm120kit.errors import UserError
+
+    with pytest.raises(UserError) as none:
+        smoke(SmokeOptions(url=f"http://127.0.0.1:{free_port()}", name="glm5-nvfp4"))
+    assert none.value.hint.startswith("start it first (sm120kit serve glm5-nvfp4)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -115,10 +116,12 @@ def sweep(
     progress: Progress,
     server: contextlib.AbstractContextManager | None = None,
     smoke: dict | None = None,
+    alive: Callable[[], bool] | None = None,
 ) -> SweepResult:
     """Against options.url, or the profile's server; `server` (bench --serve) is entered
     around the sweep: up before the first level, stopped after the last. The smoke runs
-    first (options.smoke), unless `smoke` brings its verdict (the search ran it)."""
+    first (options.smoke), unless `smoke` brings its verdict (the search ran it). `alive`
+    (the search's): no further level starts once it says the server is gone."""
     dist = target.find("sglang")
     if dist is None:
         raise UserError(
@@ -175,15 +178,23 @@ def sweep(
         }
         meta["summary"] = {"url": url, "client": plan.module, **{k: v for k, v in versions.items() if v}}
         progress.sweeping(url, plan.module, dist.version, options.levels, directory)
-        return _run_levels(plan, options, directory, meta, max_running, progress)
+        return _run_levels(plan, options, directory, meta, max_running, progress, alive)
 
 
 def _run_levels(
-    plan: client.Sweep, options: BenchOptions, directory: Path, meta: dict, max_running: int | None, progress: Progress
+    plan: client.Sweep,
+    options: BenchOptions,
+    directory: Path,
+    meta: dict,
+    max_running: int | None,
+    progress: Progress,
+    alive: Callable[[], bool] | None = None,
 ) -> SweepResult:
     done: list[analysis.Level] = []
     try:
         for i, concurrency in enumerate(options.levels, 1):
+            if alive is not None and not alive():
+                break
             progress.level_started(i, len(options.levels), concurrency, plan.prompts(concurrency))
             done.append(client.run_repeated(plan, concurrency, directory, options.repeat))
             progress.level_done(done[-1])

@@ -54,16 +54,19 @@ class SearchProgress:
     def __init__(self, width: int | None, out=None) -> None:
         self.width, self.out = width, out or sys.stdout
         self.sweep = TextProgress(width, self.out)
+        self.directory = Path()
 
     def _say(self, text: str) -> None:
         print(report.wrap(text, self.width), file=self.out, flush=True)
 
     def planned(self, plan, directory: Path, estimate) -> None:
+        self.directory = directory
         self._say(plan_text(plan, estimate, self.width))
         self._say(f"results in {directory}")
 
     def resumed(self, result) -> None:
-        self._say(f"{result.name}: already {result.status} in this directory, not run again")
+        again = "" if str(result.status) == "done" else f" (remove {self.directory / result.name} to run it again)"
+        self._say(f"{result.name}: already {result.status} in this directory, not run again{again}")
 
     def variant_started(self, number: int, count: int, planned) -> None:
         sets = " ".join(f"--set {w}" for w in planned.variant.sets) or "(the profile as written)"

@@ -24,7 +24,7 @@ The search directory (--out), enough to resume it and to compare it later:
     <variant>/run.json ...   its sweep: bench's results directory (results.py)
 
 A rerun with the same --out and the same settings skips the variants already done,
-excluded or crashed (and says so); an interrupted one runs again. Remove a variant's
+excluded or crashed (and says so); an interrupted one, or one the preflight refused, runs again. Remove a variant's
 directory to run it again."""
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ class Outcome(str, Enum):
     DONE = "done"  # smoked (or --no-smoke) and swept
     EXCLUDED = "excluded"  # its smoke failed: not swept
     CRASHED = "crashed"  # did not get ready, or its server died during the sweep
+    REFUSED = "refused"  # serve's preflight refused to start it (the node's state): runs again on a rerun
     SKIPPED = "skipped"  # the plan: nothing started
     INTERRUPTED = "interrupted"  # Ctrl-C: runs again on a rerun
     RUNNING = "running"  # a variant.json whose bench was killed outright: runs again
@@ -74,6 +75,7 @@ class Outcome(str, Enum):
         return self.value
 
 
+REFUSED_WHY = "refused by the preflight"
 FINAL = frozenset({Outcome.DONE, Outcome.EXCLUDED, Outcome.CRASHED})
 
 
@@ -116,6 +118,11 @@ class VariantResult:
             "seconds": self.seconds,
             "scaling": self.scaling,
         }
+
+    @classmethod
+    def skipped(cls, planned: Planned) -> VariantResult:
+        """A variant the plan skipped: nothing started, why says."""
+        return cls(planned.name, list(planned.variant.sets), Outcome.SKIPPED, planned.why)
 
     @classmethod
     def from_json(cls, doc: dict) -> VariantResult:
@@ -162,16 +169,17 @@ class SearchResult:
     stopped_early: str = ""  # why the search ended before its last variant
     plot_note: str | None = None
     dry_run: Estimate | None = None
+    read_back: bool = False  # `bench compare RUN_DIR`: printed, whatever the search found (exit 0)
 
     @property
     def exit_code(self) -> ExitCode:
+        if self.dry_run is not None or self.read_back:
+            return ExitCode.OK
         if self.interrupted:
             return ExitCode.INTERRUPTED
-        if self.dry_run is not None:
-            return ExitCode.OK
         if any(r.unclean for r in self.results):
             return ExitCode.UNCLEAN
-        bad = {Outcome.EXCLUDED, Outcome.CRASHED}
+        bad = {Outcome.EXCLUDED, Outcome.CRASHED, Outcome.REFUSED}
         failed_levels = any(lv.failed or not lv.figures or lv.error for r in self.results for lv in r.levels)
         return ExitCode.FINDINGS if failed_levels or any(r.status in bad for r in self.results) else ExitCode.OK
 
@@ -241,18 +249,21 @@ def _write_json(path: Path, doc: dict) -> None:
     os.replace(tmp, path)
 
 
-def read_json(path: Path) -> dict | None:
+def read_json(path: Path, hint: str | None = None) -> dict | None:
+    """A search's JSON file (search.json, a variant.json); None when there is none."""
+    hint = hint or (
+        "give another --out (without it, the variants done there are not known)"
+        if path.name == SEARCH_FILE
+        else f"remove {path.parent} (that variant runs again) or give another --out"
+    )
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise UserError(
-            f"{path} cannot be read ({type(exc).__name__}: {exc})",
-            "remove it (that variant runs again) or give another --out",
-        ) from None
+        raise UserError(f"{path} cannot be read ({type(exc).__name__}: {exc})", hint) from None
     if not isinstance(doc, dict):
-        raise UserError(f"{path} is not a JSON object", "remove it (that variant runs again) or give another --out")
+        raise UserError(f"{path} is not a JSON object", hint)
     return doc
 
 
@@ -358,8 +369,11 @@ def estimate(plan: Plan, options: BenchOptions, done: dict[str, VariantResult]) 
         if measured is not None
         else f"start up to {health.startup_timeout_s:,.0f} s (health.startup_timeout_s)"
     )
+    each, all_ = _duration(total / len(todo)), _duration(total)
     lines = [
-        f"{len(todo)} variant(s) to run, about {_duration(total / len(todo))} each: {_duration(total)} in all",
+        f"{len(todo)} variant(s) to run, about {each} each: {all_} in all"
+        if measured is not None  # else each start counts at its whole budget: a bound, not a guess
+        else f"{len(todo)} variant(s) to run, up to ~{each} each: ~{all_} in all at most",
         f"each: {said_start}"
         + (f" + smoke ~{smoke_s:.0f} s" if smoke_s else "")
         + f" + {len(options.levels)} level(s) x {options.repeat} run(s) x ~{level_s or LEVEL_ESTIMATE_S:.0f} s"
@@ -394,11 +408,7 @@ def dry_run(plan: Plan, options: BenchOptions, directory: Path, base_sets: list[
     """The plan and the estimate; nothing is started or written."""
     settings = settings_of(options, plan, base_sets)
     done = check_resumable(directory, settings, plan) if directory.exists() else {}
-    results = [
-        done.get(p.name) or VariantResult(p.name, list(p.variant.sets), Outcome.SKIPPED, p.why)
-        for p in plan.variants
-        if not p.runnable or p.name in done
-    ]
+    results = [done.get(p.name) or VariantResult.skipped(p) for p in plan.variants if not p.runnable or p.name in done]
     return SearchResult(directory, plan, settings, results, dry_run=estimate(plan, options, done))
 
 
@@ -422,7 +432,7 @@ def search(
     directory.mkdir(parents=True, exist_ok=True)
     results: dict[str, VariantResult] = {}
     for p in plan.skipped:
-        results[p.name] = VariantResult(p.name, list(p.variant.sets), Outcome.SKIPPED, p.why)
+        results[p.name] = VariantResult.skipped(p)
     _write_json(directory / SEARCH_FILE, _search_doc(settings, plan, results | done))
     progress.planned(plan, directory, estimate(plan, options.bench, done))
     interrupted, stopped_early = False, ""
@@ -470,7 +480,6 @@ class _SmokeSteps:
 def _run_variant(
     options: SearchOptions, planned: Planned, vdir: Path, target, progress: Progress, width: int | None, out
 ) -> VariantResult:
-    from sm120kit.bench import command
     from sm120kit.bench.serving import Served, served
 
     vdir.mkdir(parents=True, exist_ok=True)
@@ -485,12 +494,12 @@ def _run_variant(
         with served(planned.profile, planned.launch, target, options.serve, width, out, options.debug, handle):
             ready = True
             by_serve = [e for e in _events_since(events, offset) if e.get("event") == "smoke"]
-            _smoke_and_sweep(options, planned, vdir, target, progress, result, command, by_serve[-1:])
+            _smoke_and_sweep(options, planned, vdir, target, progress, result, by_serve[-1:], handle.alive)
     except KeyboardInterrupt:
         result.status, result.why = Outcome.INTERRUPTED, "interrupted: runs again on a rerun with the same --out"
     except UserError as exc:  # not ready; or, once ready, no longer answering
-        result.status = Outcome.CRASHED
         result.why, result.diagnosis = _crash_from_events(events, offset, exc.message)
+        result.status = Outcome.REFUSED if result.why.startswith(REFUSED_WHY) else Outcome.CRASHED
         failed = [e for e in _events_since(events, offset) if e.get("event") == "smoke" and not e.get("passed")]
         if failed and not ready:  # health.smoke: serve ran the smoke and refused to call it ready
             result.status, result.why = Outcome.EXCLUDED, f"{failed[-1].get('summary', 'smoke FAILED')} (health.smoke)"
@@ -498,7 +507,8 @@ def _run_variant(
             result.smoke = {"passed": False, "summary": failed[-1].get("summary"), "failures": result.diagnosis}
         elif ready:
             result.why = f"{exc.message} ({result.why})" if result.why != exc.message else exc.message
-        _keep_log(events.parent / SERVER_LOG, vdir / SERVER_LOG)
+        if result.status is not Outcome.REFUSED:  # refused: nothing started, the log is an earlier server's
+            _keep_log(events.parent / SERVER_LOG, vdir / SERVER_LOG)
     if handle.exit_code is not None:
         result.stop = _stop_from_events(events, offset, handle.exit_code)
         if ready and result.status is not Outcome.INTERRUPTED:
@@ -507,6 +517,9 @@ def _run_variant(
                 result.status = Outcome.CRASHED
                 result.why, result.diagnosis = died
                 _keep_log(events.parent / SERVER_LOG, vdir / SERVER_LOG)
+            elif handle.ended_early and result.status is Outcome.DONE:  # its levels ran against nothing
+                result.status = Outcome.CRASHED
+                result.why = _stopped_early_why(events, offset, handle.exit_code)
         if result.unclean:
             result.why = (result.why + "; " if result.why else "") + result.stop.get("said", "unclean stop")
     result.seconds = round(time.monotonic() - began, 1)
@@ -515,10 +528,11 @@ def _run_variant(
 
 
 def _smoke_and_sweep(
-    options, planned: Planned, vdir: Path, target, progress, result: VariantResult, command, by_serve: list[dict]
+    options, planned: Planned, vdir: Path, target, progress, result: VariantResult, by_serve: list[dict], alive
 ) -> None:
     """Inside the served block: the smoke (serve's own, where health.smoke ran it before
     calling the server ready), then (when it passed) the sweep."""
+    from sm120kit.bench import command
     from sm120kit.quality.command import options_for, smoke
 
     smoke_doc: dict = {"skipped": "--no-smoke"}
@@ -547,7 +561,7 @@ def _smoke_and_sweep(
             result.diagnosis = [_short(f) for f in report.failures]
             return
     bench = dataclasses.replace(options.bench, out=vdir, url=None, smoke=False)
-    swept = command.sweep(bench, planned.profile, target, progress.sweep, None, smoke=smoke_doc)
+    swept = command.sweep(bench, planned.profile, target, progress.sweep, None, smoke=smoke_doc, alive=alive)
     result.levels = swept.levels
     if swept.interrupted:
         raise KeyboardInterrupt
@@ -602,7 +616,7 @@ def _crash_from_events(path: Path, offset: int, message: str) -> tuple[str, list
             for c in refused[-1].get("checks", [])
             if c.get("status") == "fail"
         ]
-        return "refused by the preflight" + (f": {'; '.join(failed)}" if failed else ""), failed
+        return REFUSED_WHY + (f": {'; '.join(failed)}" if failed else ""), failed
     what, diagnoses = _ends(events)
     if not what:
         return message, []
@@ -623,6 +637,16 @@ def _died_from_events(path: Path, offset: int) -> tuple[str, list[str]] | None:
         return None
     what, diagnoses = _ends(ends)
     return f"the server failed during the sweep: {what[-1]}", diagnoses
+
+
+def _stopped_early_why(path: Path, offset: int, exit_code: int) -> str:
+    """A server whose `sm120kit serve` ended before the search stopped it: who stopped it."""
+    stopping = [e for e in _events_since(path, offset) if e.get("event") == "stopping"]
+    by = f"{stopping[-1]['signal']} to its sm120kit serve" if stopping and stopping[-1].get("signal") else ""
+    return (
+        f"the server stopped during the sweep ({by or 'not by the search'}; sm120kit serve exit code "
+        f"{exit_code}): its levels ran against no server"
+    )
 
 
 def _stop_from_events(path: Path, offset: int, exit_code: int | None) -> dict:

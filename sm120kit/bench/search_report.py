@@ -36,12 +36,20 @@ def picks(results: list[VariantResult], repeated: bool) -> tuple[list[Pick], lis
     """The best variant at each concurrency and overall (each at its best level), named
     only when it beats the next by more than the spread (its lowest run above the next
     one's highest); its gain over as-written, "within noise" where their runs overlap."""
-    swept = {r.name: {lv.concurrency: lv for lv in r.levels if lv.total} for r in results if r.status is Outcome.DONE}
+    done = [r for r in results if r.status is Outcome.DONE]
+    # a level that lost requests did not do the same work: it is not ranked
+    swept = {r.name: {lv.concurrency: lv for lv in r.levels if lv.total and not lv.failed} for r in done}
     swept = {name: lv for name, lv in swept.items() if lv}
-    lines: list[str] = []
+    unranked = [
+        f"not ranked: {r.name} at concurrency {lv.concurrency}: {lv.failed} of {lv.prompts} requests failed"
+        for r in done
+        for lv in r.levels
+        if lv.total and lv.failed
+    ]
     found: list[Pick] = []
     if not swept:
-        return [], ["no variant was swept: nothing to compare"]
+        return [], [*unranked, "no variant was swept: nothing to compare"]
+    lines: list[str] = []
     concurrencies = sorted({c for levels in swept.values() for c in levels})
     for c in [*concurrencies, None]:
         if c is None:
@@ -76,6 +84,7 @@ def picks(results: list[VariantResult], repeated: bool) -> tuple[list[Pick], lis
             text += f" ({BASELINE} is the best: nothing to adopt)" if c is None else ""
         found.append(Pick(c, best, leader, text))
         lines.append(text)
+    lines += unranked
     if BASELINE not in swept:
         lines.append(f"{BASELINE} has no figures: no gain over the profile as written can be given")
     if not repeated:
@@ -94,7 +103,7 @@ def adoption(plan: Plan, overall: Pick | None, base_sets: list[str]) -> dict | N
         return None
     planned = next(p for p in plan.variants if p.name == overall.best)
     sets = [*base_sets, *planned.variant.sets]
-    words = " ".join(f"--set {shlex.quote(w)}" for w in sets)
+    words = " ".join([*map(shlex.quote, plan.serve_args), *(f"--set {shlex.quote(w)}" for w in sets)])
     return {
         "variant": planned.name,
         "set": sets,
@@ -115,11 +124,22 @@ def verdict_lines(report: SearchResult) -> list[str]:
             lines.append(f"excluded by the smoke: {r.name}: {r.why}" + "".join(f"\n    {d}" for d in r.diagnosis))
         elif r.status is Outcome.CRASHED:
             lines.append(f"crashed: {r.name}: {r.why}" + "".join(f"\n    diagnosis: {d}" for d in r.diagnosis))
+        elif r.status is Outcome.REFUSED:
+            lines.append(f"refused: {r.name}: {r.why} (the node's state: a rerun with the same --out tries it again)")
         elif r.status is Outcome.SKIPPED:
             lines.append(f"skipped: {r.name}: {r.why}")
         elif r.status is Outcome.INTERRUPTED:
             lines.append(f"interrupted: {r.name} (runs again on a rerun with the same --out)")
-        if r.stop and r.stop.get("exit_code") not in (None, 0) and not r.unclean and r.status is not Outcome.CRASHED:
+        if (
+            r.stop
+            and r.stop.get("exit_code") not in (None, 0)
+            and not r.unclean
+            and r.status
+            not in (
+                Outcome.CRASHED,
+                Outcome.REFUSED,
+            )
+        ):
             lines.append(f"{r.name}: sm120kit serve ended with exit code {r.stop['exit_code']}")
     lines += [f"{r.name} alone: {r.scaling}" for r in report.results if r.status is Outcome.DONE and r.scaling]
     resumed = [r.name for r in report.results if r.resumed]
@@ -275,7 +295,7 @@ def load_search(directory: str) -> SearchResult:
             f"{directory} does not exist" if not d.exists() else f"{directory} is not a directory",
             "pass a directory that `sm120kit bench --vary/--variants` wrote",
         )
-    doc = read_json(d / SEARCH_FILE)
+    doc = read_json(d / SEARCH_FILE, "the search's own record is damaged: rerun it into another --out")
     if doc is None:
         hint = (
             "a plain sweep's directory: compare two of them with `sm120kit bench compare BEFORE AFTER`"
@@ -295,7 +315,13 @@ def load_search(directory: str) -> SearchResult:
             )
             for v in plan_doc["variants"]
         ]
-        plan = Plan(plan_doc["profile"], plan_doc["source"], planned, plan_doc.get("notes", []))
+        plan = Plan(
+            plan_doc["profile"],
+            plan_doc["source"],
+            planned,
+            plan_doc.get("notes", []),
+            tuple(plan_doc.get("serve_args", [])),
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(
             f"{d / SEARCH_FILE} is damaged ({type(exc).__name__}: {exc})", "rerun the search into another --out"
@@ -310,7 +336,7 @@ def load_search(directory: str) -> SearchResult:
             except (KeyError, TypeError, ValueError):
                 pass
         if not p.runnable:
-            results.append(VariantResult(p.name, list(p.variant.sets), Outcome.SKIPPED, p.why))
-    report = SearchResult(d, plan, settings, results)
+            results.append(VariantResult.skipped(p))
+    report = SearchResult(d, plan, settings, results, read_back=True)
     report.lines = verdict_lines(report)
     return report

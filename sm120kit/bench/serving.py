@@ -64,11 +64,18 @@ class EventTail:
 class Served:
     """The server of a `served` block: where its record is, and, once stopped, the exit
     code of the `sm120kit serve` child (0: stopped clean; 3, UNCLEAN: a process, port or
-    GPU memory of the server was left; None: not stopped yet)."""
+    GPU memory of the server was left; None: not stopped yet), and whether it ended before
+    the block stopped it (ended_early: someone stopped the server, or the supervisor died)."""
 
     def __init__(self, events: Path) -> None:
         self.events = events
         self.exit_code: int | None = None
+        self.ended_early = False
+        self.child = None  # the `sm120kit serve` child process
+
+    def alive(self) -> bool:
+        """Its `sm120kit serve` is still running (a sweep against no server is pointless)."""
+        return self.child is not None and self.child.is_alive()
 
 
 @contextlib.contextmanager
@@ -101,12 +108,14 @@ def served(
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         raise
     handle = handle or Served(events.path)
+    handle.child = child
     with stop_signals_interrupt():
         try:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             _wait_ready(child, events, profile, budget + READY_SLACK_S)
             yield handle
         finally:
+            handle.ended_early = not child.is_alive()
             handle.exit_code = _stop(child, out)
 
 

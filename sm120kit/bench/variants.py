@@ -26,6 +26,7 @@ message), or that resolves to the same profile as an earlier one is skipped, wit
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import itertools
@@ -110,6 +111,12 @@ class Plan:
     source: str  # "--vary" or the variants file
     variants: list[Planned]  # as-written first
     notes: list[str] = field(default_factory=list)
+    serve_args: tuple[str, ...] = ()  # --profile-dir / --python words: serve finds the same profile and sglang
+
+    def with_serve_args(self, profile_dirs: list[str] | None, python: str | None) -> Plan:
+        words = [w for d in profile_dirs or () for w in ("--profile-dir", str(Path(d).resolve()))]
+        words += ["--python", python] if python else []
+        return dataclasses.replace(self, serve_args=tuple(words))
 
     @property
     def runnable(self) -> list[Planned]:
@@ -125,6 +132,7 @@ class Plan:
             "source": self.source,
             "variants": [p.as_json() for p in self.variants],
             "notes": self.notes,
+            "serve_args": list(self.serve_args),
         }
 
 
@@ -156,11 +164,6 @@ def _toml_key(key: str) -> str:
 
 def set_word(key: str, value: Any) -> str:
     return f"{key}={toml_value(value)}"
-
-
-def split_words(words: list[str]) -> list[tuple[str, str]]:
-    """--set words -> (dotted key, the value's text)."""
-    return [(w.partition("=")[0].strip(), w.partition("=")[2]) for w in words]
 
 
 def profile_snippet(profile_name: str, sets: tuple[str, ...]) -> str:

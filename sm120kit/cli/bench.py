@@ -33,7 +33,8 @@ def register(sub) -> None:
             ExitCode.OK: "every level ran and every request completed (and the smoke passed); a search: every "
             "runnable variant passed its smoke and was swept; compare: compared",
             ExitCode.FINDINGS: "a level or a request failed, or the smoke failed (the finished levels are "
-            "reported and kept); a search: a variant was excluded by its smoke or crashed",
+            "reported and kept); a search: a variant was excluded by its smoke, crashed, or refused by the "
+            "preflight (a rerun tries it again)",
             ExitCode.ERROR: "bad input, no sglang in the client's environment, no server at the URL, or "
             "--serve's server did not get ready (nothing was benchmarked); compare: not a results directory",
             ExitCode.UNCLEAN: "a search stopped: a variant's server left a process, port or GPU memory behind",
@@ -283,7 +284,7 @@ def _search(args, options, target, width: int | None, out) -> int:
     base_sets = list(args.sets or [])
     plan = variants.plan(
         args.name[0], args.profile_dir, base_sets, found, target, args.python or sys.executable, source, written_for
-    )
+    ).with_serve_args(args.profile_dir, args.python)
     client.api_key(plan.variants[0].profile.server.api_key_env)  # a missing key: before anything starts
     if args.dry_run:
         result = search.dry_run(plan, options, options.out or search.default_directory(plan.profile), base_sets)

@@ -23,7 +23,7 @@ def register(sub) -> None:
         "through sglang's /generate, greedy with a fixed seed: at least 90 % must be answered right; no "
         'output may be garbage (empty, one token repeated, "!!!!", U+FFFD, a stop at once); the same '
         "tasks inside a burst of concurrent requests (the profile's max running requests, 64 to 512) must "
-        "be right as often and give the same answer line on at least 90 % of the requests; the prompt "
+        "be right on at least 90 % of the requests and give the same answer line as alone on at least 90 %; the prompt "
         "logprobs of a fixed text must be finite, and with --baseline within 0.05 nats of the recorded "
         "ones on average and 1.0 on any token. --record-baseline keeps this server's answers and logprobs "
         "as the reference (only when the smoke passed).",
@@ -80,8 +80,10 @@ def _options(args):
     from sm120kit.quality.command import MAX_BURST, MIN_BURST, SmokeOptions, options_for
 
     if (args.name is None) == (args.url is None):
+        taken = [(o, v) for o, v in (("--baseline", args.baseline), ("--record-baseline", args.record_baseline)) if v]
+        why = f" ({taken[0][0]} took {taken[0][1]!r} as its FILE: put PROFILE first)" if taken and not args.name else ""
         raise UserError(
-            "smoke takes one profile, or --url without one",
+            f"smoke takes one profile, or --url without one{why}",
             "sm120kit smoke glm5-nvfp4, or sm120kit smoke --url http://127.0.0.1:30000",
         )
     if args.concurrency is not None:

@@ -80,21 +80,38 @@ def parse_logprobs(meta: dict) -> tuple[list[int], list[float | None]] | None:
     return ids, values
 
 
+def writable(path: Path) -> str | None:
+    """Why a baseline cannot be written to path (None: it can), asked before any request."""
+    if path.is_dir():
+        return "it is a directory"
+    folder = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
+    if folder is None or not folder.is_dir():
+        return f"{folder} is not a directory"
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return "permission denied"
+    return None
+
+
 def save(path: Path, baseline: Baseline) -> None:
-    """Written atomically (a temp file beside it, then renamed)."""
+    """Written atomically (a temp file beside it, then renamed); nothing is left on a failure."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(baseline.as_json(), indent=1) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(baseline.as_json(), indent=1) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def load(path: Path) -> Baseline:
-    """A recorded baseline, or a UserError that says what is wrong with the file."""
-    hint = f"record a new one from a server you trust: sm120kit smoke PROFILE --record-baseline {path}"
+def load(path: Path, target: str = "PROFILE") -> Baseline:
+    """A recorded baseline, or a UserError that says what is wrong with the file (and the
+    command that records one: `sm120kit smoke TARGET --record-baseline PATH`)."""
+    hint = f"record a new one from a server you trust: sm120kit smoke {target} --record-baseline {path}"
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
@@ -143,20 +160,22 @@ def load(path: Path) -> Baseline:
     )
 
 
-def same_model(path: Path, baseline: Baseline, model: str | None, model_path: str | None) -> None:
+def same_model(
+    path: Path, baseline: Baseline, model: str | None, model_path: str | None, target: str = "PROFILE"
+) -> None:
     """A baseline of another model is a UserError (comparing it would only show noise)."""
-    theirs, ours = (baseline.model, baseline.model_path), (model, model_path)
+    theirs, ours = dict.fromkeys((baseline.model, baseline.model_path)), dict.fromkeys((model, model_path))
     if (baseline.model and model and baseline.model != model) or (
         baseline.model_path and model_path and baseline.model_path != model_path
     ):
         raise UserError(
             f"baseline {path} was recorded from another model ({' / '.join(filter(None, theirs))}); "
             f"this server serves {' / '.join(filter(None, ours))}: nothing was compared",
-            "compare with a baseline of this model, or record one: --record-baseline FILE",
+            f"compare with a baseline of this model, or record one: sm120kit smoke {target} --record-baseline FILE",
         )
 
 
-def drift(path: Path, baseline: Baseline, ids: list[int], values: list[float | None]) -> Drift:
+def drift(path: Path, baseline: Baseline, ids: list[int], values: list[float | None], target: str = "PROFILE") -> Drift:
     """|Δ logprob| per token; a different tokenization of the text is a UserError."""
     if ids != baseline.token_ids:
         at = next(
@@ -167,7 +186,8 @@ def drift(path: Path, baseline: Baseline, ids: list[int], values: list[float | N
             f"baseline {path}: the server tokenizes the fixed text differently ({len(ids)} tokens, "
             f"{len(baseline.token_ids)} recorded; first difference at token {at}): another model or tokenizer, "
             "nothing was compared",
-            "compare with a baseline recorded from this model and tokenizer, or record one: --record-baseline FILE",
+            "compare with a baseline recorded from this model and tokenizer, or record one: "
+            f"sm120kit smoke {target} --record-baseline FILE",
         )
     deltas = [
         (abs(v - b) if math.isfinite(v) else math.inf, i)

@@ -19,6 +19,10 @@ from sm120kit.errors import UserError
 REACH_TIMEOUT_S = 10.0
 
 
+class Unreachable(UserError):
+    """No server answers at the URL (refused, timed out, not ready): nothing was checked."""
+
+
 @dataclass(frozen=True)
 class Reply:
     text: str = ""
@@ -27,6 +31,7 @@ class Reply:
     meta: dict = field(default_factory=dict, repr=False)
     error: str | None = None  # the request failed: "timed out after 60 s", "HTTP 500: ..."
     seconds: float = 0.0
+    unanswered: bool = False  # no answer at all (a timeout, a refused or reset connection): not an HTTP error
 
 
 class Client:
@@ -37,6 +42,7 @@ class Client:
         self.timeout = timeout
         self.seed = seed  # sampling_seed; None once the server refused the field
         self._headers = {"Content-Type": "application/json"}
+        self._keyed = bool(api_key)
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
 
@@ -54,8 +60,10 @@ class Client:
             conn.close()
 
     def _refused(self, status: int) -> UserError:
+        what = "refuses the API key" if self._keyed else "asks for an API key"
         return UserError(
-            f"the server at {self.url} refuses the API key ({status}): nothing was checked",
+            f"the server at {self.url} {what} ({status}){'' if self._keyed else ' and none was given'}: "
+            "nothing was checked",
             "export the key the server was started with (the profile's server.api_key_env, or OPENAI_API_KEY)",
         )
 
@@ -72,19 +80,20 @@ class Client:
         except ValueError:
             return None
 
-    def reach(self) -> str | None:
-        """Before any task: the server answers /v1/models; the model it serves (its id)."""
+    def reach(self, name: str | None = None) -> str | None:
+        """Before any task: the server answers /v1/models; the model it serves (its id).
+        `name`: the profile, for the command a refusal names."""
         try:
             status, data = self._exchange("GET", "/v1/models", None, REACH_TIMEOUT_S)
         except (OSError, http.client.HTTPException) as exc:
-            raise UserError(
+            raise Unreachable(
                 f"no sglang server at {self.url} ({getattr(exc, 'strerror', None) or exc}): nothing was checked",
-                "start it first (sm120kit serve NAME), or pass the right --url",
+                f"start it first (sm120kit serve {name or 'PROFILE'}), or pass the right --url",
             ) from None
         if status in (401, 403):
             raise self._refused(status)
         if status != 200:
-            raise UserError(
+            raise Unreachable(
                 f"the server at {self.url} answers /v1/models with {status}: not ready (or not sglang), "
                 "nothing was checked",
                 "wait until `sm120kit ps` says ready, or pass the right --url",
@@ -101,21 +110,23 @@ class Client:
             params["sampling_seed"] = self.seed
         return {"text": text, "sampling_params": params, **extra}
 
-    def generate(self, text: str, max_new_tokens: int, **extra) -> Reply:
-        """One non-streamed /generate."""
+    def generate(self, text: str, max_new_tokens: int, deadline: float | None = None, **extra) -> Reply:
+        """One non-streamed /generate, given up after the client's timeout or at `deadline`
+        (time.monotonic()), whichever comes first."""
         began = time.monotonic()
+        timeout = self.timeout if deadline is None else max(0.05, min(self.timeout, deadline - began))
         body = self.payload(text, max_new_tokens, **extra)
         try:
-            status, data = self._exchange("POST", "/generate", body, self.timeout)
+            status, data = self._exchange("POST", "/generate", body, timeout)
         except TimeoutError:
-            return Reply(error=f"timed out after {self.timeout:g} s", seconds=time.monotonic() - began)
+            return Reply(error=f"timed out after {timeout:g} s", seconds=time.monotonic() - began, unanswered=True)
         except (OSError, http.client.HTTPException) as exc:
-            return Reply(error=f"{type(exc).__name__}: {exc}", seconds=time.monotonic() - began)
+            return Reply(error=f"{type(exc).__name__}: {exc}", seconds=time.monotonic() - began, unanswered=True)
         if status in (401, 403):
             raise self._refused(status)
         if status != 200 and self.seed is not None and b"sampling_seed" in data:  # 400, or 500 (a TypeError)
             self.seed = None  # a release without the field: greedy is deterministic enough without it
-            return self.generate(text, max_new_tokens, **extra)
+            return self.generate(text, max_new_tokens, deadline, **extra)
         seconds = time.monotonic() - began
         try:
             doc = json.loads(data)
@@ -135,8 +146,9 @@ class Client:
             seconds=seconds,
         )
 
-    def burst(self, texts: list[str], max_new_tokens: int) -> list[Reply]:
-        """Every text at once, one thread and connection each, released together."""
+    def burst(self, texts: list[str], max_new_tokens: int, deadline: float | None = None) -> list[Reply]:
+        """Every text at once, one thread and connection each, released together; each
+        request given up at `deadline` at the latest."""
         replies: list[Reply | None] = [None] * len(texts)
         gate = threading.Barrier(len(texts))
 
@@ -146,7 +158,7 @@ class Client:
             except threading.BrokenBarrierError:
                 pass  # a thread that could not start in time: go anyway
             try:
-                replies[i] = self.generate(texts[i], max_new_tokens)
+                replies[i] = self.generate(texts[i], max_new_tokens, deadline)
             except UserError as exc:  # the key, refused mid-burst
                 replies[i] = Reply(error=exc.message)
             except Exception as exc:  # a failed request, never a dead thread

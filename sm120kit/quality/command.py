@@ -3,7 +3,7 @@
     answers      the tasks sent one at a time: at least PASS_RATE of them answered right
     garbage      no output of any request (alone or in the burst) that a detector flags
     under-load   the tasks again inside a burst of `concurrency` requests at once (filled
-                 with more copies of them): answered right as often as alone, and the
+                 with more copies of them): at least PASS_RATE answered right, and the
                  answer lines the same as alone on at least AGREEMENT of the requests
     logprobs     the fixed text's prompt logprobs come back, finite and <= 0
     baseline     (--baseline) the same logprobs against the recorded ones: mean and max
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -40,7 +41,7 @@ LOGPROB_MEAN_MAX = 0.05  # nats: mean |Δ logprob| per prompt token against the 
 LOGPROB_TOKEN_MAX = 1.0  # nats: the largest |Δ| of one token
 MIN_BURST, MAX_BURST = 64, 512  # the burst: at least the issue's 64; at most 512 threads and sockets
 MAX_NEW_TOKENS = 16
-GIVE_UP_AFTER = 3  # requests failed in a row, none answered: the rest are not sent
+GIVE_UP_AFTER = 3  # requests in a row without an answer (timed out, refused): the rest are not sent
 EXAMPLES = 3
 SHOWN = 60  # characters of an output in an example
 
@@ -61,7 +62,7 @@ class SmokeOptions:
     tasks: int = tasks.DEFAULT_COUNT
     max_new_tokens: int = MAX_NEW_TOKENS
     timeout_s: float = 60.0  # per request
-    budget_s: float = 300.0  # the tasks sent alone stop here (the burst and the logprobs take one timeout each)
+    budget_s: float = 300.0  # the whole smoke: no request outlives it (a hung server fails it, not hangs it)
     pass_rate: float = PASS_RATE
     agreement: float = AGREEMENT
     logprob_mean_max: float = LOGPROB_MEAN_MAX
@@ -144,6 +145,7 @@ class SmokeReport:
     baseline: Path | None = None  # compared with
     recorded: Path | None = None  # written
     note: str | None = None  # e.g. why --record-baseline wrote nothing
+    stalled: str | None = None  # why the smoke stopped sending: the server stopped answering, the budget ran out
 
     def summary(self) -> str:
         if not self.passed:
@@ -174,6 +176,7 @@ class SmokeReport:
             "baseline": str(self.baseline) if self.baseline else None,
             "recorded_baseline": str(self.recorded) if self.recorded else None,
             "note": self.note,
+            "stalled": self.stalled,
             "exit_code": int(self.exit_code),
         }
 
@@ -199,32 +202,47 @@ def smoke(options: SmokeOptions, progress: Progress | None = None) -> SmokeRepor
     check_options(options)
     progress = progress or _Quiet()
     began = time.monotonic()
-    reference = baselines.load(options.baseline) if options.baseline else None  # before any request
+    target = options.name or f"--url {options.url}"
+    if options.record_baseline and (why := baselines.writable(options.record_baseline)):
+        raise UserError(
+            f"cannot write the baseline {options.record_baseline}: {why}",
+            "give a writable path: --record-baseline FILE",
+        )
+    reference = baselines.load(options.baseline, target) if options.baseline else None  # before any request
     client = Client(options.url, options.api_key, options.timeout_s, options.seed)
-    model = client.reach()
+    model = client.reach(options.name)
     info = client.get_json("/server_info") or client.get_json("/get_server_info") or {}
     model_path = info.get("model_path") if isinstance(info.get("model_path"), str) else None
     sglang = info.get("version") if isinstance(info.get("version"), str) else None
     if reference:
-        baselines.same_model(options.baseline, reference, model, model_path)
-    work = tasks.generate(options.seed, options.tasks)
+        baselines.same_model(options.baseline, reference, model, model_path, target)
+    sender = _Sender(began + options.budget_s, options.budget_s)
 
+    progress.step("prompt logprobs of the fixed text ...")  # first: a baseline of another tokenizer stops here
+    texts = dict.fromkeys([baselines.FIXED_TEXT, *([reference.text] if reference else [])])
+    found = {text: _logprobs(client, text, sender) for text in texts}
+    drift = None
+    if reference and found[reference.text][0] is not None:
+        drift = baselines.drift(options.baseline, reference, *found[reference.text][0], target)
+
+    work = tasks.generate(options.seed, options.tasks)
     progress.step(f"{len(work)} tasks, one request at a time ...")
-    alone = _alone(client, work, options.max_new_tokens, began + options.budget_s)
+    alone = [
+        sender.send(lambda t=task: client.generate(t.prompt, options.max_new_tokens, sender.deadline)) for task in work
+    ]
     checks = [_answers(work, alone, options)]
     burst: list[Reply] = []
-    if any(r.error is None for r in alone):
+    if any(r.error is None for r in alone) and not sender.stopped():
         progress.step(f"the tasks again inside a burst of {options.concurrency} concurrent requests ...")
-        burst = client.burst([work[i % len(work)].prompt for i in range(options.concurrency)], options.max_new_tokens)
+        prompts = [work[i % len(work)].prompt for i in range(options.concurrency)]
+        burst = client.burst(prompts, options.max_new_tokens, sender.deadline)
+        if all(r.unanswered for r in burst):
+            sender.stalled = f"none of the burst's {len(burst)} requests got an answer (e.g. {burst[0].error})"
     checks.append(_garbage(work, alone, burst))
-    checks.append(_under_load(work, alone, burst, options))
-
-    progress.step("prompt logprobs of the fixed text ...")
-    texts = dict.fromkeys([baselines.FIXED_TEXT, *([reference.text] if reference else [])])
-    found = {text: _logprobs(client, text) for text in texts}
+    checks.append(_under_load(work, alone, burst, options, sender.stalled))
     checks.append(_logprob_check(found[baselines.FIXED_TEXT]))
     if reference:
-        checks.append(_baseline_check(options, reference, found[reference.text], work, alone))
+        checks.append(_baseline_check(options, reference, found[reference.text], drift, work, alone))
 
     failed = [c for c in checks if not c.passed]
     recorded, note = None, None
@@ -262,25 +280,36 @@ def smoke(options: SmokeOptions, progress: Progress | None = None) -> SmokeRepor
         baseline=options.baseline,
         recorded=recorded,
         note=note,
+        stalled=sender.stalled,
     )
 
 
 # -- the parts ---------------------------------------------------------------------------
 
 
-def _alone(client: Client, work: list[tasks.Task], max_new_tokens: int, deadline: float) -> list[Reply]:
-    """One request at a time; after GIVE_UP_AFTER failures in a row with none answered, or
-    past the deadline, the rest are not sent (a server that times out would take minutes)."""
-    replies: list[Reply] = []
-    for task in work:
-        if len(replies) >= GIVE_UP_AFTER and all(r.error for r in replies):
-            replies.append(Reply(error=f"not sent: the first {len(replies)} requests failed"))
-            continue
-        if time.monotonic() > deadline:
-            replies.append(Reply(error="not sent: the smoke's time budget ran out"))
-            continue
-        replies.append(client.generate(task.prompt, max_new_tokens))
-    return replies
+class _Sender:
+    """The smoke's requests one after another, within its deadline: after GIVE_UP_AFTER in a
+    row got no answer (timed out, refused), or once the deadline passed, the rest are not
+    sent (a hung server would take a timeout each) and `stalled` says why."""
+
+    def __init__(self, deadline: float, budget_s: float) -> None:
+        self.deadline, self.budget_s = deadline, budget_s
+        self.in_row = 0
+        self.stalled: str | None = None
+
+    def stopped(self) -> bool:
+        if self.stalled is None and time.monotonic() >= self.deadline:
+            self.stalled = f"the smoke's time budget ({self.budget_s:g} s) ran out"
+        return self.stalled is not None
+
+    def send(self, request: Callable[[], Reply]) -> Reply:
+        if self.stopped():
+            return Reply(error=f"not sent: {self.stalled}", unanswered=True)
+        reply = request()
+        self.in_row = self.in_row + 1 if reply.unanswered else 0
+        if self.in_row >= GIVE_UP_AFTER:
+            self.stalled = f"{self.in_row} requests in a row got no answer (the last: {reply.error})"
+        return reply
 
 
 def _shown(reply: Reply) -> str:
@@ -298,9 +327,8 @@ def _answers(work: list[tasks.Task], alone: list[Reply], options: SmokeOptions) 
     wrong = [(t, r) for t, r in zip(work, alone) if r.error or not t.check(r.text)]
     right = len(work) - len(wrong)
     passed = right >= math.ceil(options.pass_rate * len(work))
-    detail = (
-        f"{right}/{len(work)} answers right ({_percent(right, len(work))}, at least {options.pass_rate:.0%} needed)"
-    )
+    needed = _percent(options.pass_rate, 1)
+    detail = f"{right}/{len(work)} answers right ({_percent(right, len(work))}, at least {needed} needed)"
     examples = [f"{t.id} {t.question!r} -> {_shown(r)} (expected {t.answer})" for t, r in wrong[:EXAMPLES]]
     short = f"{right}/{len(work)} answers right"
     return Check(
@@ -329,9 +357,12 @@ def _garbage(work: list[tasks.Task], alone: list[Reply], burst: list[Reply]) -> 
     return Check(CheckName.GARBAGE, not fired, detail, "no garbage", examples_, {"detectors": counts})
 
 
-def _under_load(work: list[tasks.Task], alone: list[Reply], burst: list[Reply], options: SmokeOptions) -> Check:
+def _under_load(
+    work: list[tasks.Task], alone: list[Reply], burst: list[Reply], options: SmokeOptions, stalled: str | None = None
+) -> Check:
     if not burst:
-        return Check(CheckName.UNDER_LOAD, False, "not run: no task was answered alone", data={"requests": 0})
+        why = "no task was answered alone" if all(r.error for r in alone) else stalled
+        return Check(CheckName.UNDER_LOAD, False, f"not run: {why}", data={"requests": 0})
     n = len(work)
     right = sum(1 for i, r in enumerate(burst) if not r.error and work[i % n].check(r.text))
     differ = [
@@ -343,7 +374,7 @@ def _under_load(work: list[tasks.Task], alone: list[Reply], burst: list[Reply], 
     passed = right >= math.ceil(options.pass_rate * len(burst)) and same >= math.ceil(options.agreement * len(burst))
     detail = (
         f"burst of {len(burst)}: {right} right ({_percent(right, len(burst))}), "
-        f"{same} agree with alone ({_percent(same, len(burst))}, at least {options.agreement:.0%} needed)"
+        f"{same} agree with alone ({_percent(same, len(burst))}, at least {_percent(options.agreement, 1)} needed)"
     )
     examples = [
         f"{work[i % n].id}: alone {_shown(alone[i % n])}, in the burst {_shown(r)}" for i, r in differ[:EXAMPLES]
@@ -356,8 +387,8 @@ def _under_load(work: list[tasks.Task], alone: list[Reply], burst: list[Reply], 
     return Check(CheckName.UNDER_LOAD, passed, detail, short, [] if passed else examples, data)
 
 
-def _logprobs(client: Client, text: str) -> tuple[tuple[list[int], list] | None, Reply]:
-    reply = client.generate(text, 1, return_logprob=True, logprob_start_len=0)
+def _logprobs(client: Client, text: str, sender: _Sender) -> tuple[tuple[list[int], list] | None, Reply]:
+    reply = sender.send(lambda: client.generate(text, 1, sender.deadline, return_logprob=True, logprob_start_len=0))
     return (None if reply.error else baselines.parse_logprobs(reply.meta)), reply
 
 
@@ -376,14 +407,18 @@ def _logprob_check(found: tuple) -> Check:
 
 
 def _baseline_check(
-    options: SmokeOptions, reference: baselines.Baseline, found: tuple, work: list[tasks.Task], alone: list[Reply]
+    options: SmokeOptions,
+    reference: baselines.Baseline,
+    found: tuple,
+    d: baselines.Drift | None,
+    work: list[tasks.Task],
+    alone: list[Reply],
 ) -> Check:
     parsed, reply = found
-    if parsed is None:
+    if parsed is None or d is None:
         return Check(
-            "baseline", False, f"not compared: the prompt logprobs did not come back ({reply.error or 'none'})"
+            CheckName.BASELINE, False, f"not compared: the prompt logprobs did not come back ({reply.error or 'none'})"
         )
-    d = baselines.drift(options.baseline, reference, *parsed)
     ok = d.mean <= options.logprob_mean_max and d.max <= options.logprob_token_max
     detail = (
         f"|Δ logprob| mean {d.mean:.4f} (at most {options.logprob_mean_max:g}), max {d.max:.4f} "

@@ -38,6 +38,8 @@ def smoke_text(result: SmokeReport, width: int | None) -> str:
     lines.append("")
     if result.recorded:
         lines.append(report.wrap(f"baseline recorded: {result.recorded}", width))
+    if result.stalled:
+        lines.append(report.wrap(f"stopped sending early: {result.stalled}", width))
     if result.note:
         lines.append(report.wrap(result.note, width))
     lines.append(report.wrap(result.summary(), width))

@@ -5,10 +5,11 @@ on every machine, and nothing is downloaded.
 
 Each prompt is a plain completion (`Question: ... Answer with the number only.\\nAnswer:`),
 which base and chat models alike continue with the answer when sent to /generate without
-a chat template. The check reads the first non-empty line of the output: tolerant of
-whitespace, quotes, markdown emphasis, a trailing period and a short sentence around the
-answer ("The answer is 42."), strict about the value ("43", "42 or 43", "apple" for
-"APPLE" all fail)."""
+a chat template (a reasoning model's leading `<think>...</think>`, when it closes within
+the tokens asked for, is skipped). The check reads the first non-empty line of the output:
+tolerant of whitespace, quotes, markdown emphasis, a trailing period and a short sentence
+around the answer ("The answer is 42.", "17 + 25 = 42"), strict about the value ("43",
+"42.5", "42 or 43", "43 or 42", "apple" for "APPLE" all fail)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ class Kind(str, Enum):
 
 NUMERIC = frozenset({Kind.ADD, Kind.SUBTRACT, Kind.MULTIPLY, Kind.LARGER, Kind.SMALLER, Kind.COUNT, Kind.NEXT})
 CODE = re.compile(r"[A-Za-z0-9]+(?:-[A-Za-z0-9]+)+")  # what could be a COPY code: hyphenated words
-NUMBER = re.compile(r"(?<![\w.])-?\d+(?![\w])")
+NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w])")  # "42", "-42", "42.5" (not "4.42"'s "42")
+THINK = re.compile(r"\s*<think>.*?</think>", re.S)  # a reasoning model's leading think block, closed
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,11 @@ def _task(rng: random.Random, i: int, kind: Kind) -> Task:
 
 def answer_line(output: str) -> str:
     """The first non-empty line of an output, trimmed: what the checks and the agreement
-    under load compare (a model may go on after it: a next question, blank lines)."""
+    under load compare (a model may go on after it: a next question, blank lines). A
+    leading think block that closes (`<think>...</think>`, a reasoning model's, empty in
+    its non-thinking mode) is skipped; one still open leaves "<think>": no answer."""
+    if match := THINK.match(output):
+        output = output[match.end() :]
     return next((line.strip() for line in output.splitlines() if line.strip()), "")
 
 
@@ -119,9 +125,10 @@ def check(task: Task, output: str) -> bool:
     plain = _plain(line)
     if plain == task.answer:
         return True
-    if task.kind in NUMERIC:  # "17 + 25 = 42", "The answer is 42.": the last number is the answer
-        numbers = NUMBER.findall(plain.replace(",", ""))
-        return bool(numbers) and numbers[-1] == task.answer
+    if task.kind in NUMERIC:  # "17 + 25 = 42", "The answer is 42.": the last number is the answer,
+        numbers = NUMBER.findall(plain.replace(",", " "))  # and any other one is the question's ("43 or 42")
+        given = set(NUMBER.findall(task.question.replace(",", " ")))
+        return bool(numbers) and numbers[-1] == task.answer and all(n in given for n in numbers[:-1])
     if task.kind is Kind.COPY:  # every hyphenated word in the line is the code
         found = CODE.findall(plain)
         return bool(found) and all(c == task.answer for c in found)

@@ -18,6 +18,7 @@ through it, with a fake clock and a fake host.
     launching, backoff --signalled--> stopped
     starting --probe 200, health.smoke--> (smoke) --passed--> ready
                                                   --failed--> stopping --stopped--> gave-up
+                                                  --no answer--> (kill) as a hung server
 """
 
 from __future__ import annotations
@@ -350,17 +351,27 @@ class Machine:
             Smoke(run.number),
         ]
 
-    def smoke_done(self, attempt: int, passed: bool, summary: str, failures: list[str]) -> list[Action]:
+    def smoke_done(
+        self, attempt: int, passed: bool, summary: str, failures: list[str], answered: bool = True
+    ) -> list[Action]:
         """The smoke's verdict on a start: passed, it is ready; failed, the server answers
-        wrong, which a restart would not mend: stop it for good and exit FINDINGS."""
+        wrong, which a restart would not mend: stop it for good and exit FINDINGS. A smoke
+        the server stopped answering (`answered` false: its requests timed out or were
+        refused) says it hung, not that it answers wrong: the hung path (restart, backoff,
+        the crash-loop limit), as failed probes would take."""
         run = self.attempt
         if run is None or run.number != attempt or run.end or not run.smoking or self.status is not RunStatus.STARTING:
             return []  # the verdict on a start that is over, or that is being stopped
         run.smoking = False
-        record = event(EventKind.SMOKE, attempt=attempt, passed=passed, summary=summary, failures=failures)
+        record = event(
+            EventKind.SMOKE, attempt=attempt, passed=passed, summary=summary, failures=failures, answered=answered
+        )
+        if not passed and not answered:
+            hung = f"it did not answer the smoke ({summary})"
+            return [record, update(phase="did not answer the smoke"), *self._end(EventKind.HUNG, hung)]
         if passed:
             ok = ProbeResult(True, 200, "smoke passed", 0.0)
-            return [record, Say(summary), *self._ready(run, ok)]
+            return [record, update(phase="smoke passed"), Say(summary), *self._ready(run, ok)]
         self.smoke_failed = summary
         self.status = RunStatus.STOPPING
         return [

@@ -64,8 +64,9 @@ class Smoker(Protocol):
 
     def start(self, attempt: int) -> None: ...
 
-    def results(self) -> list[tuple[int, tuple[bool, str, list[str]]]]:
-        """The verdicts that came since the last call: (attempt, (passed, summary, failures))."""
+    def results(self) -> list[tuple[int, tuple[bool, str, list[str], bool]]]:
+        """The verdicts that came since the last call: (attempt, (passed, summary, failures,
+        answered)); answered is false when the server stopped answering the smoke."""
 
 
 class ThreadSmoker:
@@ -79,16 +80,19 @@ class ThreadSmoker:
 
     def start(self, attempt: int) -> None:
         from sm120kit.errors import UserError
+        from sm120kit.quality.client import Unreachable
         from sm120kit.quality.command import smoke
 
         def work() -> None:
             try:
                 result = smoke(self.options)
-                verdict = (result.passed, result.summary(), result.failures)
-            except UserError as exc:
-                verdict = (False, f"smoke FAILED: it could not run: {exc.message}", [exc.message])
+                stalled = [f"stopped sending early: {result.stalled}"] if result.stalled else []
+                verdict = (result.passed, result.summary(), result.failures + stalled, result.stalled is None)
+            except UserError as exc:  # not there (Unreachable: it hung or went away), or the key refused
+                answered = not isinstance(exc, Unreachable)
+                verdict = (False, f"smoke FAILED: it could not run: {exc.message}", [exc.message], answered)
             except BaseException as exc:  # a failed smoke, never a dead thread; its text may hold the key
-                verdict = (False, f"smoke FAILED: smoke error ({type(exc).__name__})", [])
+                verdict = (False, f"smoke FAILED: smoke error ({type(exc).__name__})", [], True)
             self._verdicts.put((attempt, verdict))
             self._wake()
 
