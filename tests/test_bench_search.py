@@ -340,7 +340,7 @@ def test_a_stop_that_leaves_a_process_ends_the_search(tmp_path, monkeypatch, cli
     def fake(options, planned, vdir, target, progress, width, out):
         ran.append(planned.name)
         vdir.mkdir(parents=True)
-        stop = search._stop_from_events(events, 0, 3 if planned.name == "a" else 0)
+        stop = search._stop_from_events(search._events_since(events, 0), 3 if planned.name == "a" else 0)
         why = stop.get("said", "") if planned.name == "a" else ""
         result = VariantResult(planned.name, [], Outcome.DONE, why, [runs(4, [100.0])], stop=stop)
         (vdir / "variant.json").write_text(json.dumps(result.as_json()))
@@ -581,7 +581,7 @@ def test_a_gain_within_the_spread_of_the_threshold_is_said_to_be_within_noise():
 
 
 def test_a_crash_is_told_from_the_supervisor_record(tmp_path):
-    from sm120kit.bench.search import _crash_from_events
+    from sm120kit.bench.search import _crash_from_events, _events_since
 
     events = tmp_path / "events.jsonl"
     refused = {
@@ -591,7 +591,7 @@ def test_a_crash_is_told_from_the_supervisor_record(tmp_path):
     }
     events.write_text(json.dumps(refused) + "\n")
     assert (
-        _crash_from_events(events, 0, "did not get ready")[0]
+        _crash_from_events(_events_since(events, 0), "did not get ready")[0]
         == "refused by the preflight: ports: 30000 is in use by pid 7"
     )
     timeout = {
@@ -601,7 +601,7 @@ def test_a_crash_is_told_from_the_supervisor_record(tmp_path):
         "ready": False,
     }
     events.write_text(json.dumps(timeout) + "\n" + json.dumps({"event": "gave_up"}) + "\n")
-    why, diagnoses = _crash_from_events(events, 0, "did not get ready")
+    why, diagnoses = _crash_from_events(_events_since(events, 0), "did not get ready")
     assert why == "gave up after 1 failed start(s); last: start timeout (loading weights): not generating after 5s"
     assert diagnoses == []
 

@@ -46,6 +46,7 @@ from sm120kit.bench.command import BenchOptions
 from sm120kit.bench.variants import Plan, Planned
 from sm120kit.errors import UserError
 from sm120kit.exit_codes import ExitCode
+from sm120kit.patching.ledger import write_atomic
 
 if TYPE_CHECKING:
     from sm120kit.bench import command
@@ -244,9 +245,7 @@ def default_directory(profile: str) -> Path:
 
 
 def _write_json(path: Path, doc: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")  # a Ctrl-C mid-write must not leave a broken file
-    tmp.write_text(json.dumps(doc, indent=2))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(doc, indent=2).encode())  # a Ctrl-C mid-write must not leave a broken file
 
 
 def read_json(path: Path, hint: str | None = None) -> dict | None:
@@ -486,21 +485,22 @@ def _run_variant(
     result = VariantResult(planned.name, list(planned.variant.sets), Outcome.RUNNING)
     _write_json(vdir / VARIANT_FILE, result.as_json())
     began = time.monotonic()
-    events = _events_path(planned.profile)
-    offset = events.stat().st_size if events.exists() else 0
+    record = _events_path(planned.profile)
+    offset = record.stat().st_size if record.exists() else 0
     ready = False
-    handle = Served(events)
+    handle = Served(record)
     try:
         with served(planned.profile, planned.launch, target, options.serve, width, out, options.debug, handle):
             ready = True
-            by_serve = [e for e in _events_since(events, offset) if e.get("event") == "smoke"]
+            by_serve = [e for e in _events_since(record, offset) if e.get("event") == "smoke"]
             _smoke_and_sweep(options, planned, vdir, target, progress, result, by_serve[-1:], handle.alive)
     except KeyboardInterrupt:
         result.status, result.why = Outcome.INTERRUPTED, "interrupted: runs again on a rerun with the same --out"
     except UserError as exc:  # not ready; or, once ready, no longer answering
-        result.why, result.diagnosis = _crash_from_events(events, offset, exc.message)
+        events = _events_since(record, offset)
+        result.why, result.diagnosis = _crash_from_events(events, exc.message)
         result.status = Outcome.REFUSED if result.why.startswith(REFUSED_WHY) else Outcome.CRASHED
-        failed = [e for e in _events_since(events, offset) if e.get("event") == "smoke" and not e.get("passed")]
+        failed = [e for e in events if e.get("event") == "smoke" and not e.get("passed")]
         if failed and not ready:  # health.smoke: serve ran the smoke and refused to call it ready
             result.status, result.why = Outcome.EXCLUDED, f"{failed[-1].get('summary', 'smoke FAILED')} (health.smoke)"
             result.diagnosis = [_short(f) for f in failed[-1].get("failures", [])]
@@ -508,18 +508,19 @@ def _run_variant(
         elif ready:
             result.why = f"{exc.message} ({result.why})" if result.why != exc.message else exc.message
         if result.status is not Outcome.REFUSED:  # refused: nothing started, the log is an earlier server's
-            _keep_log(events.parent / SERVER_LOG, vdir / SERVER_LOG)
+            _keep_log(record.parent / SERVER_LOG, vdir / SERVER_LOG)
     if handle.exit_code is not None:
-        result.stop = _stop_from_events(events, offset, handle.exit_code)
+        events = _events_since(record, offset)  # the whole record of this variant's starts, read once
+        result.stop = _stop_from_events(events, handle.exit_code)
         if ready and result.status is not Outcome.INTERRUPTED:
-            died = _died_from_events(events, offset)
+            died = _died_from_events(events)
             if died:  # the supervisor restarted it, or gave up: its figures are not of one server
                 result.status = Outcome.CRASHED
                 result.why, result.diagnosis = died
-                _keep_log(events.parent / SERVER_LOG, vdir / SERVER_LOG)
+                _keep_log(record.parent / SERVER_LOG, vdir / SERVER_LOG)
             elif handle.ended_early and result.status is Outcome.DONE:  # its levels ran against nothing
                 result.status = Outcome.CRASHED
-                result.why = _stopped_early_why(events, offset, handle.exit_code)
+                result.why = _stopped_early_why(events, handle.exit_code)
         if result.unclean:
             result.why = (result.why + "; " if result.why else "") + result.stop.get("said", "unclean stop")
     result.seconds = round(time.monotonic() - began, 1)
@@ -607,8 +608,7 @@ def _ends(events: list[dict]) -> tuple[list[str], list[str]]:
     return what, diagnoses
 
 
-def _crash_from_events(path: Path, offset: int, message: str) -> tuple[str, list[str]]:
-    events = _events_since(path, offset)
+def _crash_from_events(events: list[dict], message: str) -> tuple[str, list[str]]:
     refused = [e for e in events if e.get("event") == "preflight" and not e.get("ok", True)]
     if refused:
         failed = [
@@ -624,8 +624,7 @@ def _crash_from_events(path: Path, offset: int, message: str) -> tuple[str, list
     return f"{'gave up after ' if gave_up else ''}{len(what)} failed start(s); last: {what[-1]}", diagnoses
 
 
-def _died_from_events(path: Path, offset: int) -> tuple[str, list[str]] | None:
-    events = _events_since(path, offset)
+def _died_from_events(events: list[dict]) -> tuple[str, list[str]] | None:
     after_ready = False
     ends = []
     for e in events:
@@ -639,9 +638,9 @@ def _died_from_events(path: Path, offset: int) -> tuple[str, list[str]] | None:
     return f"the server failed during the sweep: {what[-1]}", diagnoses
 
 
-def _stopped_early_why(path: Path, offset: int, exit_code: int) -> str:
+def _stopped_early_why(events: list[dict], exit_code: int) -> str:
     """A server whose `sm120kit serve` ended before the search stopped it: who stopped it."""
-    stopping = [e for e in _events_since(path, offset) if e.get("event") == "stopping"]
+    stopping = [e for e in events if e.get("event") == "stopping"]
     by = f"{stopping[-1]['signal']} to its sm120kit serve" if stopping and stopping[-1].get("signal") else ""
     return (
         f"the server stopped during the sweep ({by or 'not by the search'}; sm120kit serve exit code "
@@ -649,8 +648,8 @@ def _stopped_early_why(path: Path, offset: int, exit_code: int) -> str:
     )
 
 
-def _stop_from_events(path: Path, offset: int, exit_code: int | None) -> dict:
-    stopped = [e for e in _events_since(path, offset) if e.get("event") == "stopped"]
+def _stop_from_events(events: list[dict], exit_code: int | None) -> dict:
+    stopped = [e for e in events if e.get("event") == "stopped"]
     doc: dict = {"exit_code": exit_code}
     if stopped:
         e = stopped[-1]

@@ -94,14 +94,10 @@ def writable(path: Path) -> str | None:
 
 def save(path: Path, baseline: Baseline) -> None:
     """Written atomically (a temp file beside it, then renamed); nothing is left on a failure."""
+    from sm120kit.patching.ledger import write_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(baseline.as_json(), indent=1) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomic(path, (json.dumps(baseline.as_json(), indent=1) + "\n").encode())
 
 
 def now() -> str:
