@@ -213,6 +213,16 @@ def recorded(healthy, tmp_path_factory) -> Path:
 
 
 class TestAHealthyServer:
+    def test_another_model_on_the_profiles_port_is_not_checked_in_its_place(self, healthy, tmp_path):
+        """What answers on the profile's port serves another model (someone else's server):
+        exit 2, nothing checked or recorded; --url checks it as what it is."""
+        path = tmp_path / "other.json"
+        done = healthy.smoke(
+            "--set", "model.path=other/Model", "--set", "model.served_name=other", "--record-baseline", str(path)
+        )
+        refused(done, "serves glm-5 / standin/GLM-5-NVFP4, not profile standin's other / other/Model", "smoke --url")
+        assert not path.exists()
+
     def test_the_healthy_server_passes_and_its_baseline_round_trips(self, healthy, recorded):
         done = healthy.smoke("--baseline", str(recorded), "--json")
         assert done.returncode == 0, done.stdout + done.stderr
@@ -433,7 +443,9 @@ def test_options_for_a_profile():
 
     profile = load_profile("standin", [str(PROFILES)], ["engine.max_running_requests=2048", "server.port=31234"])
     options = options_for(profile, api_key=None)
-    assert options == SmokeOptions(url="http://127.0.0.1:31234", concurrency=512, name="standin")
+    assert options == SmokeOptions(
+        url="http://127.0.0.1:31234", concurrency=512, name="standin", model=("glm-5", "standin/GLM-5-NVFP4")
+    )
     profile = load_profile("standin", [str(PROFILES)], ["engine.max_running_requests=8", "server.host=::1"])
     assert options_for(profile, api_key="k").url == "http://[::1]:30000" and options_for(profile).concurrency == 64
     assert "sk-secret" not in repr(options_for(profile, api_key="sk-secret-0123"))

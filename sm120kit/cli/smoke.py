@@ -31,7 +31,8 @@ def register(sub) -> None:
             ExitCode.OK: "every check passed (and the baseline, if asked for, was recorded)",
             ExitCode.FINDINGS: "a check failed: each is named with what failed and examples",
             ExitCode.ERROR: "bad input, no server at the URL, the API key refused, a baseline that is "
-            "corrupt or from another model or tokenizer (nothing was checked or compared)",
+            "corrupt or from another model or tokenizer, another model on the profile's port "
+            "(nothing was checked or compared)",
         },
         func=cmd_smoke,
     )

@@ -58,6 +58,7 @@ class SmokeOptions:
     baseline: Path | None = None  # compare prompt logprobs with this reference file
     record_baseline: Path | None = None  # write this server's answers + logprobs here
     name: str | None = None  # the profile: the report's title (None with --url)
+    model: tuple[str, ...] = ()  # what the profile's server answers to (served name, model path); () with --url
     seed: int = 0  # the tasks' numbers, and sampling_seed
     tasks: int = tasks.DEFAULT_COUNT
     max_new_tokens: int = MAX_NEW_TOKENS
@@ -91,7 +92,13 @@ def options_for(profile, url: str | None = None, **overrides) -> SmokeOptions:
 
         overrides["api_key"] = api_key(profile.server.api_key_env)
     scale = profile.engine.max_running_requests or MIN_BURST
-    values = {"concurrency": min(MAX_BURST, max(MIN_BURST, scale)), "name": profile.name, **overrides}
+    served = tuple(n for n in (profile.model.served_name, profile.model.path) if n)
+    values = {
+        "concurrency": min(MAX_BURST, max(MIN_BURST, scale)),
+        "name": profile.name,
+        "model": served,
+        **overrides,
+    }
     return SmokeOptions(url=url, **values)
 
 
@@ -196,6 +203,19 @@ def check_options(options: SmokeOptions) -> None:
         raise UserError(f"{options.tasks} tasks: at least {tasks.MIN_COUNT}")
 
 
+def _same_model_as_profile(options: SmokeOptions, model: str | None, model_path: str | None) -> None:
+    """The server on the profile's port serves the profile's model: another server there
+    (someone else's, an earlier profile's) would be checked, and recorded, in its place."""
+    said = [m for m in (model, model_path) if m]
+    if not options.model or not said or set(said) & set(options.model):
+        return
+    raise UserError(
+        f"the server at {options.url} serves {' / '.join(said)}, not profile {options.name}'s "
+        f"{' / '.join(options.model)}: another server holds the port; nothing was checked",
+        f"see what runs there (sm120kit ps), or check that server by its URL: sm120kit smoke --url {options.url}",
+    )
+
+
 def smoke(options: SmokeOptions, progress: Progress | None = None) -> SmokeReport:
     """Every check against options.url. UserError (exit 2) when the server is not there or
     refuses the key, or the baseline is corrupt or of another model or tokenizer."""
@@ -214,6 +234,7 @@ def smoke(options: SmokeOptions, progress: Progress | None = None) -> SmokeRepor
     info = client.get_json("/server_info") or client.get_json("/get_server_info") or {}
     model_path = info.get("model_path") if isinstance(info.get("model_path"), str) else None
     sglang = info.get("version") if isinstance(info.get("version"), str) else None
+    _same_model_as_profile(options, model, model_path)
     if reference:
         baselines.same_model(options.baseline, reference, model, model_path, target)
     sender = _Sender(began + options.budget_s, options.budget_s)
