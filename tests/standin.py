@@ -85,13 +85,20 @@ class Served:
     """One `sm120kit serve` process and its run directory."""
 
     def __init__(
-        self, tmp_path: Path, python: Path, faults: dict, sets: list[str], extra: list[str], env: dict
+        self,
+        tmp_path: Path,
+        python: Path,
+        faults: dict,
+        sets: list[str],
+        extra: list[str],
+        env: dict,
+        profile: str = "standin",
     ) -> None:
         tmp_path.mkdir(parents=True, exist_ok=True)
         self.python = python
         self.port = free_port()
         self.state = tmp_path / "state"
-        self.dir = self.state / "serve" / "standin"
+        self.dir = self.state / "serve" / profile
         self.token = uuid.uuid4().hex
         self.pids = tmp_path / f"standin-pids-{self.token[:6]}"
         self.env = {
@@ -106,7 +113,7 @@ class Served:
             "-m",
             "sm120kit",
             "serve",
-            "standin",
+            profile,
             "--python",
             str(python),
             "--profile-dir",

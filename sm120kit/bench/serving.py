@@ -162,8 +162,15 @@ def _serve(parent: int, to_stderr: bool, profile, launch, target, options, width
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked by the parent around the fork
     if not procs.tie_to_parent(parent, signal.SIGTERM):  # bench gone: the supervisor's clean stop
         sys.exit(int(ExitCode.INTERRUPTED))  # bench died before the tie took effect
+    from sm120kit.fleet.launch import FleetLaunch
+
     try:
-        code = serve(profile, launch, target, options, width)
+        if isinstance(launch, FleetLaunch):  # a fleet profile: its replicas and router
+            from sm120kit.fleet.command import serve_fleet
+
+            code = serve_fleet(launch, target, options, width)
+        else:
+            code = serve(profile, launch, target, options, width)
     except UserError as exc:
         print(f"sm120kit: error: {exc}", file=sys.stderr)
         code = ExitCode.ERROR

@@ -270,7 +270,7 @@ def _served(args, profile, target, width: int | None, out):
     """The context that runs the profile's server for the sweep (bench --serve)."""
     from sm120kit.bench.serving import served
 
-    launch = render_for(args, profile, target)  # args.site is None: bench refuses --site
+    launch = render_for(args, profile, target)  # args.site is None: bench refuses --site; a fleet: all of it
     return served(profile, launch, target, _serve_options(args), width, out, debug=args.debug)
 
 

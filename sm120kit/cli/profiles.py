@@ -114,6 +114,12 @@ def cmd_profile_show(args) -> int:
 
 def render_launch(args):
     """(profile, its launch rendered for the target's sglang, the target)."""
+    profile, target = load_for(args)
+    return profile, render_for(args, profile, target), target
+
+
+def load_for(args):
+    """(the profile NAME with --set applied, the target) for a command that serves it."""
     from sm120kit.profiles.loader import load_profile
     from sm120kit.profiles.render import require_servable
     from sm120kit.target import resolve_target
@@ -123,35 +129,50 @@ def render_launch(args):
         sets.append(f"parallel.node_rank={args.node_rank}")
     profile = load_profile(args.name, args.profile_dir, sets)
     require_servable(profile)  # before the target: a base profile is refused anywhere
-    target = resolve_target(args.python, args.site)
-    return profile, render_for(args, profile, target), target
+    return profile, resolve_target(args.python, args.site)
 
 
 def render_for(args, profile, target):
     """The profile's launch rendered for the sglang installed in the target (--python /
-    --site): what `profile check`, `serve` and `bench --serve` run."""
+    --site): what `profile check`, `serve` and `bench --serve` run. A fleet profile: its
+    FleetLaunch (the replicas' launches and the router's argv; serve's --router-only and
+    --replicas-only choose the part)."""
     from sm120kit.errors import UserError
     from sm120kit.profiles.flags import read_schema
     from sm120kit.profiles.render import render
 
+    python = args.python or ("python3" if args.site else sys.executable)
+    if profile.fleet is not None:
+        from sm120kit.fleet.launch import Mode, render_fleet
+
+        part = Mode.ROUTER_ONLY if getattr(args, "router_only", False) else Mode.ALL
+        part = Mode.REPLICAS_ONLY if getattr(args, "replicas_only", False) else part
+        return render_fleet(profile, target, python, part)
     dist = target.find("sglang")
     if dist is None:
         raise UserError(
             f"sglang is not installed in {target.description}: a profile renders for the installed release",
             "point sm120kit at the serving environment with --python EXE",
         )
-    python = args.python or ("python3" if args.site else sys.executable)
     return render(profile, read_schema(dist), python)
 
 
 def cmd_profile_check(args) -> int:
     from sm120kit import report
+    from sm120kit.fleet.launch import FleetLaunch
 
     _, launch, _ = render_launch(args)
     if args.json:
         report.emit_json({"profile": args.name, "ok": True, **launch.as_json()})
         return ExitCode.OK
     report.print_warnings(launch.warnings, getattr(args, "wide", False))
+    if isinstance(launch, FleetLaunch):
+        one = next(iter(launch.replicas.values()))
+        print(
+            f"profile {args.name}: ok, a fleet of {len(launch.plan.replicas)} replica(s) for sglang {one.sglang} "
+            f"({len(one.argv) - 3} arguments each) behind sglang-router {launch.router_version}"
+        )
+        return ExitCode.OK
     print(f"profile {args.name}: ok for sglang {launch.sglang} ({len(launch.argv) - 3} arguments)")
     return ExitCode.OK
 

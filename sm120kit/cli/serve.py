@@ -1,4 +1,4 @@
-"""`serve`: preflight, launch and supervise a profile's server."""
+"""`serve`: preflight, launch and supervise a profile's server, or its fleet."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from sm120kit.cli.args import (
     profile_args,
     target_args,
 )
-from sm120kit.cli.profiles import render_launch
+from sm120kit.cli.profiles import load_for, render_for
+from sm120kit.errors import UserError
 from sm120kit.exit_codes import ExitCode
 
 
@@ -42,6 +43,24 @@ def register(sub) -> None:
     mode.add_argument("--dry-run", action="store_true", help="print the argv and environment; start nothing")
     mode.add_argument("--check", action="store_true", help="run the preflight only; exit 1 if a check fails")
     p.add_argument("--node-rank", type=int, metavar="N", help="this node's rank in a multi-node profile")
+    part = p.add_mutually_exclusive_group()
+    part.add_argument(
+        "--router-only",
+        action="store_true",
+        help="a fleet profile: only the router, in front of replicas served elsewhere",
+    )
+    part.add_argument(
+        "--replicas-only",
+        action="store_true",
+        help="a fleet profile: only this node's replicas, for a router on another node",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="N",
+        help="serve the supervisor's state in the Prometheus text format on server.host:N/metrics "
+        "(default: server.metrics_port)",
+    )
     p.add_argument("--kill-stale", action="store_true", help="stop stale sglang processes that the preflight finds")
     p.add_argument("--no-patch-check", action="store_true", help="start even if the profile's patches are not in place")
     allow_missing_arg(p)
@@ -59,7 +78,6 @@ def register(sub) -> None:
 
 def cmd_serve(args) -> int:
     from sm120kit import report
-    from sm120kit.errors import UserError
     from sm120kit.serve import command, preflight
 
     if args.site and not args.dry_run:
@@ -67,7 +85,15 @@ def cmd_serve(args) -> int:
             "--site names packages, not a python that can run the server",
             f"give the serving environment's interpreter: sm120kit serve {args.name} --python EXE (or --dry-run)",
         )
-    profile, launch, target = render_launch(args)
+    profile, target = load_for(args)
+    if profile.fleet is None and (args.router_only or args.replicas_only):
+        raise UserError(
+            f"profile {profile.name} is one server: --router-only and --replicas-only need a [fleet] table",
+            f"sm120kit serve {profile.name}",
+        )
+    launch = render_for(args, profile, target)
+    if profile.fleet is not None:
+        return _serve_fleet(args, profile, launch, target)
     if args.dry_run:
         if args.json:
             report.emit_json(launch.as_json())
@@ -75,15 +101,7 @@ def cmd_serve(args) -> int:
         report.print_warnings(launch.warnings, args.wide)
         print(launch.shell())
         return ExitCode.OK
-    options = command.ServeOptions(
-        patch_dirs=tuple(args.patch_dir or ()),
-        allow_missing=frozenset(args.allow_missing),
-        patch_check=not args.no_patch_check,
-        gpu_check=not args.no_gpu_check,
-        kill_stale=args.kill_stale,
-        echo=not args.quiet,
-        debug=args.debug,
-    )
+    options = _options(args, profile)
     width = report.output_width(args.wide)
     if not args.check:
         return command.serve(profile, launch, target, options, width)
@@ -93,5 +111,50 @@ def cmd_serve(args) -> int:
     if args.json:
         report.emit_json(checked.as_json())
     else:
+        preflight.show(checked, width)
+    return checked.exit_code
+
+
+def _options(args, profile):
+    from sm120kit.cli.args import check_range
+    from sm120kit.serve.command import ServeOptions
+
+    if args.metrics_port is not None:
+        check_range("--metrics-port", args.metrics_port, 1, 65535, "a free TCP port, e.g. --metrics-port 9400")
+
+    return ServeOptions(
+        patch_dirs=tuple(args.patch_dir or ()),
+        allow_missing=frozenset(args.allow_missing),
+        patch_check=not args.no_patch_check,
+        gpu_check=not args.no_gpu_check,
+        kill_stale=args.kill_stale,
+        echo=not args.quiet,
+        debug=args.debug,
+        metrics_port=args.metrics_port if args.metrics_port is not None else profile.server.metrics_port,
+    )
+
+
+def _serve_fleet(args, profile, fleet, target) -> int:
+    """serve on a profile with a [fleet] table: the replicas here and the router."""
+    from sm120kit import report
+    from sm120kit.fleet import command
+    from sm120kit.serve import preflight
+
+    if args.dry_run:
+        if args.json:
+            report.emit_json(fleet.as_json())
+            return ExitCode.OK
+        report.print_warnings(fleet.warnings, args.wide)
+        print(fleet.shell())
+        return ExitCode.OK
+    options = _options(args, profile)
+    width = report.output_width(args.wide)
+    if not args.check:
+        return command.serve_fleet(fleet, target, options, width)
+    checked = command.run_preflight(fleet, target, options)
+    if args.json:
+        report.emit_json(checked.as_json(profile.name))
+    else:
+        command.show_plan(fleet)
         preflight.show(checked, width)
     return checked.exit_code

@@ -152,10 +152,16 @@ def _fields(model: type[BaseModel]) -> list[str]:
     return [k for k in model.model_fields if not (model is Profile and k in LOADER_FIELDS)]
 
 
+def _is_model(t: Any) -> bool:
+    return isinstance(t, type) and issubclass(t, BaseModel)
+
+
 def _type_at(path: Path_) -> Any:
     """The annotation at a key path of Profile; raises LookupError((depth, valid keys there))."""
     t: Any = Profile
     for depth, key in enumerate(path):
+        if get_origin(t) in (Union, UnionType) and len(models := [a for a in get_args(t) if _is_model(a)]) == 1:
+            t = models[0]  # an optional table ([fleet]): its keys
         if isinstance(t, type) and issubclass(t, BaseModel):
             if key not in _fields(t):
                 raise LookupError(depth, _fields(t))

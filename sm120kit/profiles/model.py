@@ -379,6 +379,13 @@ class Server(BaseModel):
         False,
         description="Allow a non-loopback host without api_key_env (anyone who reaches the port can use the server).",
     )
+    metrics_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Serve the supervisor's own state in the Prometheus text format on this port (at server.host), "
+        "as `serve --metrics-port` does.",
+    )
 
     @field_validator("api_key_env")
     @classmethod
@@ -396,6 +403,99 @@ class Server(BaseModel):
             raise ValueError(
                 f"server.host = {self.host!r} is a public bind without an API key: set server.api_key_env to the name "
                 "of the environment variable that holds the key, or set server.allow_public_without_key = true"
+            )
+        return self
+
+
+RouterValue = str | int | float | bool | list[str]
+
+
+class Replica(BaseModel):
+    model_config = STRICT
+
+    gpus: str | None = Field(
+        None,
+        json_schema_extra={"pattern": "^[0-9]+(,[0-9]+)*$"},
+        description='GPU indices of this node for the replica, e.g. "0,1,2,3" (its CUDA_VISIBLE_DEVICES); '
+        "default: the next fleet.gpus_per_replica GPUs.",
+    )
+    port: int | None = Field(
+        None, ge=1, le=65535, description="The replica's --port; default: the router's port + 1 + its index."
+    )
+    node: str | None = Field(
+        None,
+        min_length=1,
+        description="Address of the node that serves this replica, when it is not this one: the router reaches "
+        "it at http://NODE:PORT; `serve --replicas-only` on that node starts it.",
+    )
+    url: str | None = Field(
+        None,
+        min_length=1,
+        description="A worker served by other means (another supervisor, a multi-node server): routed to, "
+        "never started here.",
+    )
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpu_list(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[0-9]+(,[0-9]+)*", value.replace(" ", "")):
+            raise ValueError(f'{value!r} is not a list of GPU indices, e.g. "0,1,2,3"')
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _is_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            from urllib.parse import urlsplit
+
+            try:
+                parts = urlsplit(value)
+                port = parts.port
+            except ValueError:
+                parts, port = None, None
+            if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+                raise ValueError(f"{value!r} is not a worker URL: write it as http://HOST:PORT")
+        return value
+
+    @model_validator(mode="after")
+    def _served_here_or_not(self) -> Replica:
+        if self.url is not None and (self.gpus, self.port, self.node) != (None, None, None):
+            raise ValueError("a replica with url is served elsewhere: give url alone, or gpus/port/node without it")
+        return self
+
+
+class Fleet(BaseModel):
+    model_config = STRICT
+
+    replicas: int | None = Field(
+        None, ge=1, le=MAX_PARALLEL, description="How many replicas on this node (or list them as [[fleet.replica]])."
+    )
+    replica: list[Replica] = Field(
+        default_factory=list, description="The replicas one by one: their GPUs, port, node or URL."
+    )
+    gpus_per_replica: int | None = Field(
+        None, ge=1, le=MAX_PARALLEL, description="GPUs each replica uses; default: parallel.tp × pp."
+    )
+    replica_host: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        description="Address the replicas bind: loopback when the router runs on the same node; a routable one "
+        "for a router on another node (then server.api_key_env is needed).",
+    )
+    router: dict[str, RouterValue] = Field(
+        default_factory=dict,
+        description="Options of sglang's router, as the installed sglang-router names them (policy, port, host, "
+        "health_check_interval_secs, ...); port and host default to server.port and server.host.",
+    )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Fleet:
+        if self.replicas is None and not self.replica:
+            raise ValueError("a fleet needs replicas = N or a [[fleet.replica]] list")
+        if self.replicas is not None and self.replica and self.replicas != len(self.replica):
+            raise ValueError(
+                f"fleet.replicas = {self.replicas} but {len(self.replica)} [[fleet.replica]] entries: "
+                "give one of them, or make them agree"
             )
         return self
 
@@ -478,6 +578,11 @@ class Profile(BaseModel):
         default_factory=dict, description='Environment for the server process, e.g. NCCL_P2P_LEVEL = "SYS".'
     )
     health: Health = Field(default_factory=Health, description="Startup budget, liveness probes and restart policy.")
+    fleet: Fleet | None = Field(
+        None,
+        description="Serve several replicas of this server behind sglang's router (server.port and server.host "
+        "are the router's); the rest of the profile describes one replica.",
+    )
     extra_args: dict[FlagKey, ExtraValue] = Field(
         default_factory=dict,
         description="Other sglang flags, checked against the installed release: "
@@ -503,6 +608,29 @@ class Profile(BaseModel):
         if bad:
             raise ValueError(f"{', '.join(map(repr, bad))} is not an environment variable name")
         return value
+
+    @model_validator(mode="after")
+    def _fleet_address(self) -> Profile:
+        """A fleet's address is its router's: fleet.router's host and port become
+        server.host and server.port, where bench, smoke and ps look for the server."""
+        f = self.fleet
+        if f is None:
+            return self
+        moved = {k: f.router.pop(k) for k in ("host", "port") if k in f.router}
+        if "port" in moved and (type(moved["port"]) is not int or not 1 <= moved["port"] <= 65535):
+            raise ValueError(f"fleet.router.port = {moved['port']!r} is not a port (1-65535)")
+        if "host" in moved and (not isinstance(moved["host"], str) or not moved["host"]):
+            raise ValueError(f"fleet.router.host = {moved['host']!r} is not an address")
+        if moved:
+            self.server = Server.model_validate({**self.server.model_dump(), **moved})
+        s = self.server
+        if not is_loopback(f.replica_host) and not s.api_key_env and not s.allow_public_without_key:
+            raise ValueError(
+                f"fleet.replica_host = {f.replica_host!r} is a public bind without an API key: set "
+                "server.api_key_env (the replicas and the router take the same key), or set "
+                "server.allow_public_without_key = true"
+            )
+        return self
 
     @field_validator("extra_args")
     @classmethod

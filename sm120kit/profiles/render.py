@@ -171,6 +171,8 @@ def unservable(profile: Profile) -> list[str]:
         problems.append("model.path is not set: the profile names no model (a node profile is meant to be extended)")
     total, counted = gpus_used(profile)
     nodes, gpus = profile.parallel.nnodes, profile.node.gpus
+    if profile.fleet is not None:  # node.gpus is the node's; the parallel sizes are one replica's (fleet.plan)
+        return problems
     if nodes == 1 and total != gpus:
         problems.append(f"{counted} = {total} GPU{'s' * (total != 1)}, but node.gpus = {gpus}")
     elif nodes > 1 and total != gpus * nodes:

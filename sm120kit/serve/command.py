@@ -31,6 +31,7 @@ class ServeOptions:
     kill_stale: bool = False  # stop the stale sglang processes the preflight finds
     echo: bool = True  # the server's log on our output as it is written (--quiet: not)
     debug: bool = False  # a check that crashes raises (its traceback), rather than failing
+    metrics_port: int | None = None  # the supervisor's state for Prometheus on 127.0.0.1:PORT/metrics
 
 
 def resolve_argv(
@@ -95,6 +96,7 @@ def serve(profile, launch: Launch, target, options: ServeOptions, width: int | N
 
     from sm120kit.node.checks.serving import port_plan
     from sm120kit.serve.machine import Policy, ServerSpec
+    from sm120kit.serve.metrics import Member
     from sm120kit.serve.supervisor import Supervisor
 
     directory = serve_root() / profile.name
@@ -154,12 +156,47 @@ def serve(profile, launch: Launch, target, options: ServeOptions, width: int | N
             from sm120kit.quality.command import options_for
 
             smoke = options_for(profile, api_key=key)
-        with keep_secret(key, f"${profile.server.api_key_env}"):
+        record.state.update(role="server", gpus=visible_gpus(env, profile.node.gpus))
+        with (
+            keep_secret(key, f"${profile.server.api_key_env}"),
+            metrics_served(options, profile, lambda: [Member(profile.name, "server", record.dir)]),
+        ):
             policy = Policy.from_health(profile.health)
             return Supervisor(server, policy, record, echo=options.echo, smoke=smoke).run()
     finally:
         key_file.unlink(missing_ok=True)
         lock.release()
+
+
+def visible_gpus(env: dict[str, str], count: int) -> list[int]:
+    """The NVML indices the server may use: CUDA_VISIBLE_DEVICES's when it lists indices
+    (UUIDs say nothing here), else the first `count`."""
+    cvd = env.get("CUDA_VISIBLE_DEVICES", "").replace(" ", "")
+    if cvd and all(part.isdigit() for part in cvd.split(",")):
+        return [int(part) for part in cvd.split(",")]
+    return list(range(count))
+
+
+@contextlib.contextmanager
+def metrics_served(options: ServeOptions, profile, members):
+    """`--metrics-port`: the supervisor's state on server.host:PORT/metrics while it runs
+    (where the server is reachable, its metrics are; a port in use: a UserError before
+    anything starts)."""
+    if options.metrics_port is None:
+        yield None
+        return
+    from sm120kit.serve.metrics import start_metrics_server
+
+    read_gpus = None
+    if options.gpu_check:
+        from sm120kit.node.nvml import read_gpus
+    host = profile.server.host
+    server = start_metrics_server(host, options.metrics_port, profile.name, members, read_gpus=read_gpus)
+    print(f"metrics: {server.url}", flush=True)
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 def _has_config_flag(target) -> bool:

@@ -77,6 +77,8 @@ class ServerSpec:
     api_key: str | None = field(default=None, repr=False)
     api_key_env: str | None = None  # its name: what is written wherever the key would be
     check_gpus: bool = True
+    gpus: tuple[int, ...] | None = None  # the GPUs it may use (a fleet's replica); None: all of them
+    probe_path: str = HEALTH_PATH  # a router answers its own liveness path, not a generation
 
 
 # -- actions: what the supervisor is to do, in order ------------------------------------
@@ -195,7 +197,7 @@ class Machine:
         return self.attempt is not None and self.attempt.ready_at is None
 
     def url(self) -> str:
-        return f"http://{self.spec.host}:{self.spec.port}{HEALTH_PATH}"
+        return f"http://{self.spec.host}:{self.spec.port}{self.spec.probe_path}"
 
     def wake_at(self) -> float:
         """When tick() has something to do (a probe's answer or a signal comes earlier)."""
@@ -266,7 +268,7 @@ class Machine:
                 restarts=self.restarts,
             ),
             Say(
-                f"started {self.spec.name}: pid {pid} (attempt {n}); ready when it generates, "
+                f"started {self.spec.name}: pid {pid} (attempt {n}); ready when it {self._answers()}, "
                 f"within {duration(self.policy.startup_timeout_s)}; log {self.log}"
             ),
         ]
@@ -338,7 +340,7 @@ class Machine:
             ),
             event(EventKind.READY, after_s=after),
             Say(
-                f"ready: {self.spec.name} generates (after {duration(after)}); "
+                f"ready: {self.spec.name} {self._answers()} (after {duration(after)}); "
                 f"probing {self.url()} every {self.policy.probe_interval_s:g}s"
             ),
         ]
@@ -528,6 +530,10 @@ class Machine:
             ),
             Exit(ExitCode.FINDINGS),
         ]
+
+    def _answers(self) -> str:
+        """What its ready means: a server generates; a router answers its liveness path."""
+        return "generates" if self.spec.probe_path == HEALTH_PATH else f"answers {self.spec.probe_path}"
 
     def _health(self, result: ProbeResult) -> dict:
         return {"at": self.clock.time(), "ok": result.ok, "detail": result.detail, "seconds": round(result.seconds, 3)}

@@ -68,15 +68,23 @@ class ThreadProber:
     """Each probe in a thread of its own; its answer waits in a queue, and wake() ends the
     supervisor's wait for it."""
 
-    def __init__(self, host: str, port: int, timeout: float, api_key: str | None, wake: Callable[[], None]) -> None:
-        self.host, self.port, self.timeout, self.api_key = host, port, timeout, api_key
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        timeout: float,
+        api_key: str | None,
+        wake: Callable[[], None],
+        path: str = HEALTH_PATH,
+    ) -> None:
+        self.host, self.port, self.timeout, self.api_key, self.path = host, port, timeout, api_key, path
         self._wake = wake
         self._answers: queue.SimpleQueue[tuple[int, ProbeResult]] = queue.SimpleQueue()
 
     def start(self, attempt: int) -> None:
         def work() -> None:
             try:
-                result = probe(self.host, self.port, self.timeout, self.api_key)
+                result = probe(self.host, self.port, self.timeout, self.api_key, self.path)
             except BaseException as exc:  # a failed probe, never a dead thread; its text may hold the key
                 result = ProbeResult(False, None, f"probe error ({type(exc).__name__})", 0.0)
             self._answers.put((attempt, result))

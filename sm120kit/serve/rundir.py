@@ -142,6 +142,16 @@ class RunRecord:
         self._written(self.state_file, replace)
 
 
+def read_state(directory: Path) -> dict | None:
+    """A run directory's state.json as last written; None while there is none (or it is
+    being replaced: os.replace makes that a moment, not a torn file)."""
+    try:
+        state = json.loads((directory / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
 def _supervisor_alive(state: dict) -> bool:
     try:
         proc = psutil.Process(state["supervisor_pid"])
@@ -187,13 +197,14 @@ def runs() -> list[dict]:
     """The state of every profile that was served here, the live ones first."""
     found = []
     root = serve_root()
-    for path in sorted(root.glob("*/state.json")) if root.is_dir() else []:
+    paths = [*root.glob("*/state.json"), *root.glob("*/*/state.json")] if root.is_dir() else []  # fleets' members
+    for path in sorted(paths):
         try:
             state = _validated(json.loads(path.read_text()))
         except (OSError, ValueError) as exc:  # reported, never skipped: `ps` must not say "nothing served"
             found.append(
                 {
-                    "profile": path.parent.name,
+                    "profile": str(path.parent.relative_to(root)),
                     "status": RunStatus.DAMAGED,
                     "running": False,
                     "dir": str(path.parent),

@@ -46,6 +46,11 @@ class EventKind(str, Enum):
     STOPPING = "stopping"
     STOPPED = "stopped"
     SUPERVISOR_ERROR = "supervisor_error"
+    # A fleet's own record:
+    MEMBER_STARTED = "member_started"  # a member's supervisor (a replica or the router)
+    MEMBER_EXITED = "member_exited"  # ... and its end, with its exit code
+    ROUTED = "routed"  # a replica added to the router
+    UNROUTED = "unrouted"  # ... and taken out of it
 
     def __str__(self) -> str:
         return self.value

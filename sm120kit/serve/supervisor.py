@@ -139,7 +139,7 @@ class Supervisor:
         self.clock = clock
         self.host = host or LocalHost()
         self.prober = prober or ThreadProber(
-            server.host, server.port, policy.probe_timeout_s, server.api_key, self.host.wake
+            server.host, server.port, policy.probe_timeout_s, server.api_key, self.host.wake, server.probe_path
         )
         self.smoker = smoker or (ThreadSmoker(smoke, self.host.wake) if smoke is not None else None)
         self.machine = Machine(server, policy, clock, str(record.log), str(record.events))
@@ -331,9 +331,11 @@ class Supervisor:
         from sm120kit.node import nvml
 
         try:
-            return {g.index: g.in_use_mib for g in self.host.read_gpus()}
+            found = self.host.read_gpus()
         except nvml.NvmlUnavailable:
             return None
+        # only the GPUs it may use: a fleet's other replicas load theirs meanwhile
+        return {g.index: g.in_use_mib for g in found if self.server.gpus is None or g.index in self.server.gpus}
 
     def _gpu_leftovers(self, pids: set[int], wait_s: float = GPU_RELEASE_WAIT_S) -> list[str] | None:
         """What NVML still shows of the run, after waiting up to wait_s (the driver frees a

@@ -1,0 +1,1 @@
+"""A fleet: several supervised sglang servers behind sglang's own router."""

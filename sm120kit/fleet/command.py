@@ -1,0 +1,225 @@
+"""`sm120kit serve FLEET`: one fleet supervisor per profile (a lock in its run directory),
+the fleet's preflight (the shared checks once; GPUs and ports for every replica; the
+router's port), then the fleet in the foreground until a stop signal or giving up."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+
+from sm120kit.errors import UserError
+from sm120kit.exit_codes import ExitCode
+from sm120kit.fleet.launch import FleetLaunch
+from sm120kit.fleet.plan import ROUTER
+from sm120kit.node.check import Check, Status
+from sm120kit.serve import preflight
+from sm120kit.serve.command import ServeOptions, metrics_served, record_pid
+from sm120kit.serve.probe import probe_host
+from sm120kit.serve.rundir import ENV_VAR, RunRecord, serve_root
+from sm120kit.serve.status import EventKind
+
+SHARED_CHECKS = ("api key", "patches", "stale processes")  # once for the fleet
+REPLICA_CHECKS = ("gpus", "ports")  # for each replica served here
+
+
+@dataclass(frozen=True)
+class FleetPreflight:
+    checks: list[Check]
+    env: dict[str, str]  # ours, with the profile's on top
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.status is Status.FAIL]
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return ExitCode.FINDINGS if self.failed else ExitCode.OK
+
+    def as_json(self, profile: str) -> dict:
+        return {"profile": profile, "checks": [c.as_json() for c in self.checks], "exit_code": int(self.exit_code)}
+
+
+def run_preflight(fleet: FleetLaunch, target, options: ServeOptions) -> FleetPreflight:
+    from sm120kit.node import registry, snapshot
+    from sm120kit.serve import procs, rundir
+
+    node = snapshot.live(target, pairs=False)
+    skipped = {"patches": "--no-patch-check"} if not options.patch_check else {}
+    skipped |= {"gpus": "--no-gpu-check"} if not options.gpu_check else {}
+    profile = fleet.plan.profile
+
+    def inputs(p, **more):
+        return registry.CheckInputs(
+            node,
+            p,
+            patch_dirs=options.patch_dirs,
+            patch_ids=tuple(p.patches),
+            allow_missing=options.allow_missing,
+            processes=procs,
+            runs=rundir.runs,
+            debug=options.debug,
+            **more,
+        )
+
+    here = fleet.plan.here if fleet.replicas else []
+    checks = [Check("profile", Status.OK, _rendered(fleet))]
+    shared = [c for c in SHARED_CHECKS if here or c == "api key"]  # a router alone loads no patch, runs no sglang
+    checks += registry.run(
+        tuple(shared), inputs(here[0].profile if here else profile, kill_stale=options.kill_stale), skipped
+    )
+    for r in here:
+        for c in registry.run(REPLICA_CHECKS, inputs(r.profile), skipped):
+            checks.append(dataclasses.replace(c, id=f"{c.id} ({r.name})"))
+    if fleet.router is not None:
+        checks.append(_router_port(fleet))
+    return FleetPreflight(checks, {**node.env, **profile.env})
+
+
+def _rendered(fleet: FleetLaunch) -> str:
+    parts = []
+    if fleet.replicas:
+        parts.append(f"{len(fleet.replicas)} replica(s) render for sglang {next(iter(fleet.replicas.values())).sglang}")
+    if fleet.router is not None:
+        parts.append(f"the router for sglang-router {fleet.router_version}")
+    return "; ".join(parts)
+
+
+def _router_port(fleet: FleetLaunch) -> Check:
+    from sm120kit.serve import procs
+
+    taken = [
+        f"{port} ({what}) is held by {procs.port_holder(port)}"
+        for what, host, port in fleet.router_ports
+        if procs.port_in_use(host, port)
+    ]
+    if taken:
+        return Check("ports (router)", Status.FAIL, "; ".join(taken), "stop what holds it, or give the router another")
+    return Check(
+        "ports (router)", Status.OK, ", ".join(f"{port} ({what})" for what, _, port in fleet.router_ports) + " free"
+    )
+
+
+def show_plan(fleet: FleetLaunch) -> None:
+    print(f"preflight for fleet {fleet.plan.profile.name} ({fleet.mode.value}):", flush=True)
+
+
+def serve_fleet(fleet: FleetLaunch, target, options: ServeOptions, width: int | None) -> ExitCode:
+    """As `serve` for one server: OK stopped on request and clean; FINDINGS gave up;
+    ERROR refused; UNCLEAN something was left."""
+    from filelock import FileLock, Timeout
+
+    from sm120kit.fleet.supervisor import Fleet
+    from sm120kit.serve import metrics
+
+    profile = fleet.plan.profile
+    directory = serve_root() / profile.name
+    try:
+        record = RunRecord(directory)
+        lock = FileLock(str(record.dir / "supervisor.lock"))
+        lock.acquire(timeout=0)
+    except Timeout:
+        pid = record_pid(record)
+        raise UserError(
+            f"profile {profile.name} is already being served" + (f" by supervisor pid {pid}" if pid else ""),
+            "`sm120kit ps` shows it; stop it with `kill -TERM <pid>` (or Ctrl-C in its terminal)",
+        ) from None
+    except OSError as exc:
+        raise UserError(
+            f"cannot set up the run directory {directory}: {exc.strerror or exc}; nothing was started",
+            f"free space there, or point ${ENV_VAR} at another disk",
+        ) from None
+    try:
+        show_plan(fleet)
+        checked = run_preflight(fleet, target, options)
+        preflight.show(checked, width)
+        record.event(EventKind.PREFLIGHT, ok=not checked.failed, checks=[c.as_json() for c in checked.checks])
+        if checked.failed:
+            print(
+                f"sm120kit: refusing to start {profile.name}: {len(checked.failed)} preflight check(s) failed "
+                "(see above)",
+                file=sys.stderr,
+            )
+            return ExitCode.ERROR
+        replicas = [_replica_member(fleet, r, record, options) for r in fleet.plan.here if r.name in fleet.replicas]
+        router = _router_member(fleet, record) if fleet.router is not None else None
+        started = {m.url for m in replicas}
+        remote = [r.url for r in fleet.plan.replicas if r.url not in started] if router else []
+        key = checked.env.get(profile.server.api_key_env) if profile.server.api_key_env else None
+        members = [metrics.Member(m.name, m.role, m.dir) for m in [*replicas, *([router] if router else [])]]
+        with metrics_served(options, profile, lambda: members):
+            return Fleet(profile.name, replicas, router, remote, record, profile.health.stop_timeout_s, key).run()
+    finally:
+        lock.release()
+
+
+def _policy(profile) -> dict:
+    from sm120kit.serve.machine import Policy
+
+    return dataclasses.asdict(Policy.from_health(profile.health))
+
+
+def _replica_member(fleet: FleetLaunch, r, record: RunRecord, options: ServeOptions):
+    from sm120kit.fleet.member import argv_refs, write_spec
+    from sm120kit.fleet.supervisor import Member
+    from sm120kit.node.checks.serving import port_plan
+
+    launch = fleet.replicas[r.name]
+    directory = record.dir / r.name
+    directory.mkdir(mode=0o700, exist_ok=True)
+    ports = port_plan(r.profile)
+    write_spec(
+        directory,
+        name=r.profile.name,
+        member=r.name,
+        role="replica",
+        argv=argv_refs(launch.argv),
+        env=launch.env,
+        host=probe_host(r.profile.server.host),
+        port=r.port,
+        ports=ports,
+        policy=_policy(r.profile),
+        api_key_env=r.profile.server.api_key_env,
+        key_file=fleet.config_flag,
+        check_gpus=options.gpu_check,
+        gpus=list(r.gpus),
+        url=r.url,
+        probe_path="/health_generate",
+    )
+    return Member(r.name, "replica", directory, r.url, ports)
+
+
+def _router_refs(argv: list[str], key_env: str | None) -> list:
+    """The router's argv for member.json: its API key (the same as the replicas') as a
+    reference that the member resolves from its environment."""
+    return [*argv, "--api-key", {"env": key_env}] if key_env else list(argv)
+
+
+def _router_member(fleet: FleetLaunch, record: RunRecord):
+    from sm120kit.fleet.member import write_spec
+    from sm120kit.fleet.router import LIVENESS_PATH
+    from sm120kit.fleet.supervisor import Member
+
+    layout, profile = fleet.plan, fleet.plan.profile
+    directory = record.dir / ROUTER
+    directory.mkdir(mode=0o700, exist_ok=True)
+    ports = fleet.router_ports
+    write_spec(
+        directory,
+        name=f"{profile.name}/{ROUTER}",
+        member=ROUTER,
+        role="router",
+        argv=_router_refs(fleet.router, profile.server.api_key_env),
+        env={},
+        host=probe_host(layout.router_host),
+        port=layout.router_port,
+        ports=ports,
+        policy=_policy(profile),
+        api_key_env=profile.server.api_key_env,
+        key_file=False,
+        check_gpus=False,
+        gpus=[],
+        url=layout.router_url,
+        probe_path=LIVENESS_PATH,
+    )
+    return Member(ROUTER, "router", directory, layout.router_url, ports)

@@ -1,0 +1,142 @@
+"""A fleet profile rendered for what is installed: each replica's sglang command (the
+one-server renderer, on the replica's profile) and the router's command (the installed
+sglang-router's options). What `serve --dry-run` prints and what the fleet runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from sm120kit.errors import UserError
+from sm120kit.fleet.plan import FleetPlan, plan
+from sm120kit.profiles.render import Launch, render
+
+
+class Mode(str, Enum):
+    ALL = "all"  # the replicas of this node and the router
+    ROUTER_ONLY = "router-only"  # a router here in front of replicas served elsewhere
+    REPLICAS_ONLY = "replicas-only"  # this node's replicas, for a router on another node
+
+
+@dataclass
+class FleetLaunch:
+    plan: FleetPlan
+    mode: Mode
+    replicas: dict[str, Launch]  # the replicas started here, by name
+    router: list[str] | None  # the router's argv; None: no router here
+    router_version: str | None = None
+    config_flag: bool = False  # the installed sglang takes --config (the API key goes in a file)
+    router_ports: list[tuple[str, str, int]] = field(default_factory=list)  # (what, host, port): free before, after
+    warnings: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict:
+        return {
+            "profile": self.plan.profile.name,
+            "mode": self.mode.value,
+            "replicas": [
+                {
+                    "name": r.name,
+                    "url": r.url,
+                    "here": r.name in self.replicas,
+                    "gpus": list(r.gpus),
+                    **(self.replicas[r.name].as_json() if r.name in self.replicas else {}),
+                }
+                for r in self.plan.replicas
+            ],
+            "router": None
+            if self.router is None
+            else {"url": self.plan.router_url, "argv": self.router, "sglang_router": self.router_version},
+            "warnings": self.warnings,
+        }
+
+    def shell(self) -> str:
+        """Every command of the fleet, each under a comment line that says what it is."""
+        blocks = []
+        for r in self.plan.replicas:
+            if r.name in self.replicas:
+                blocks.append(f"# {r.name}: GPU {r.visible_devices}, {r.url}\n{self.replicas[r.name].shell()}")
+            else:
+                blocks.append(f"# {r.name}: {r.url} (served elsewhere)")
+        if self.router is not None:
+            routed = ", ".join(r.name for r in self.plan.replicas)
+            blocks.append(
+                f"# router (sglang-router {self.router_version}): {self.plan.router_url} -> {routed}, "
+                f"added as they become ready\n{Launch(self.router, {}, '').shell()}"
+            )
+        return "\n\n".join(blocks)
+
+
+def render_fleet(profile, target, python: str, mode: Mode = Mode.ALL) -> FleetLaunch:
+    """The fleet's commands for the target's sglang and sglang-router; a UserError (exit 2,
+    nothing started) for a layout or an option that cannot be."""
+    from sm120kit.fleet.router import read_router_schema, router_argv
+    from sm120kit.profiles.flags import read_schema
+
+    layout = plan(profile, everything_elsewhere=mode is Mode.ROUTER_ONLY)
+    replicas: dict[str, Launch] = {}
+    warnings: list[str] = []
+    config_flag = False
+    if mode is not Mode.ROUTER_ONLY:
+        if not layout.here:
+            raise UserError(
+                f"profile {profile.name}: no replica is served on this node (each names another node or a url)",
+                f"run the router alone: sm120kit serve {profile.name} --router-only",
+            )
+        dist = target.find("sglang")
+        if dist is None:
+            raise UserError(
+                f"sglang is not installed in {target.description}: a profile renders for the installed release",
+                "point sm120kit at the serving environment with --python EXE",
+            )
+        schema = read_schema(dist)
+        config_flag = schema.get("--config") is not None
+        for r in layout.here:
+            replicas[r.name] = render(r.profile, schema, python)
+        warnings += next(iter(replicas.values())).warnings
+    router, version, router_ports = None, None, []
+    if mode is not Mode.REPLICAS_ONLY:
+        schema = read_router_schema(target)
+        if schema is None:
+            raise UserError(
+                f"sglang-router is not installed in {target.description}: a fleet runs sglang's own router",
+                "pip install 'sglang-router>=0.3,<0.4' in the serving environment (or --replicas-only on a node "
+                "without the router)",
+            )
+        router = router_argv(
+            python,
+            schema,
+            layout.router_options,
+            host=layout.router_host,
+            port=layout.router_port,
+            worker_urls=[],
+            source=profile.source,
+        )
+        version = schema.version
+        router_ports = _router_ports(layout, schema)
+    return FleetLaunch(layout, mode, replicas, router, version, config_flag, router_ports, warnings)
+
+
+ROUTER_PROMETHEUS_PORT = 29000  # the router's own --prometheus-port default (0.2.4-0.3.2): it always binds it
+
+
+def _router_ports(layout, schema) -> list[tuple[str, str, int]]:
+    """The router's ports: its HTTP port and its Prometheus exporter's, which it binds
+    whether asked to or not (a second router on the node, or a replica there, would make
+    it panic at start): both must be free, and no replica's."""
+    from sm120kit.node.checks.serving import port_plan
+
+    ports = [("server.port (the router)", layout.router_host, layout.router_port)]
+    if "prometheus_port" in schema.options:
+        exporter = layout.router_options.get("prometheus_port", ROUTER_PROMETHEUS_PORT)
+        host = layout.router_options.get("prometheus_host", layout.router_host)
+        ports.append(("fleet.router.prometheus_port", str(host), exporter))
+    taken = {port: f"{r.name}'s {what}" for r in layout.here for what, _, port in port_plan(r.profile)}
+    for what, _, port in ports[1:]:
+        if port in taken or port == layout.router_port:
+            profile = layout.profile
+            raise UserError(
+                f"profile {profile.name} ({profile.source}): port {port} is the router's {what} and "
+                f"{taken.get(port, 'its server.port')}; nothing was started",
+                "set fleet.router.prometheus_port to a port of its own",
+            )
+    return ports

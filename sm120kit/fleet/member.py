@@ -1,0 +1,83 @@
+"""One member of a fleet (a replica, or the router), supervised exactly as `serve`
+supervises one server, in a process of its own: `python -m sm120kit.fleet.member DIR`.
+
+The fleet supervisor writes DIR/member.json (what to run: argv with the API key as a
+{"env": NAME} reference, never the key), starts this in a session of its own (a Ctrl-C
+in the terminal reaches the fleet alone, which stops the members in order), and reads the
+member's state.json. A member is tied to the fleet supervisor: if that dies, the member
+gets SIGTERM and stops its server as on any stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+SPEC = "member.json"
+OUTPUT = "supervisor.out"  # the member supervisor's own lines; the fleet shows them
+
+
+def write_spec(directory: Path, **fields) -> None:
+    """The member's spec (mode 0600: the environment may hold more than it should)."""
+    path = directory / SPEC
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(fields, fh, indent=2)
+
+
+def argv_refs(argv: list) -> list:
+    """A launch's argv for member.json: an EnvRef as {"env": NAME}."""
+    from sm120kit.profiles.render import EnvRef
+
+    return [{"env": a.name} if isinstance(a, EnvRef) else a for a in argv]
+
+
+def main(directory: str) -> int:
+    from sm120kit.profiles.render import EnvRef, Launch
+    from sm120kit.serve import procs
+    from sm120kit.serve.command import KEY_FILE, keep_secret, resolve_argv
+    from sm120kit.serve.machine import Policy, ServerSpec
+    from sm120kit.serve.rundir import RunRecord
+    from sm120kit.serve.supervisor import Supervisor
+
+    if not procs.tie_to_parent(int(os.environ.get("SM120KIT_FLEET_PID", os.getppid())), signal.SIGTERM):
+        return 1  # the fleet supervisor is gone already
+    record = RunRecord(Path(directory))
+    spec = json.loads((record.dir / SPEC).read_text())
+    argv = [EnvRef(a["env"]) if isinstance(a, dict) else a for a in spec["argv"]]
+    env = {**os.environ, **spec["env"]}
+    env.pop("SM120KIT_FLEET_PID", None)
+    key_file = record.dir / KEY_FILE
+    try:
+        argv, shown, key = resolve_argv(Launch(argv, {}, ""), env, key_file if spec["key_file"] else None)
+        server = ServerSpec(
+            spec["name"],
+            argv,
+            shown,
+            env,
+            spec["host"],
+            spec["port"],
+            [tuple(p) for p in spec["ports"]],
+            api_key=key,
+            api_key_env=spec["api_key_env"],
+            check_gpus=spec["check_gpus"],
+            gpus=tuple(spec["gpus"]) if spec["role"] == "replica" else (),
+            probe_path=spec["probe_path"],
+        )
+        # written with the supervisor's first record (a state.json of these alone would read as damaged)
+        record.state.update(member=spec["member"], role=spec["role"], gpus=spec["gpus"], url=spec["url"])
+        with keep_secret(key, f"${spec['api_key_env']}"):
+            return Supervisor(server, Policy(**spec["policy"]), record, echo=False).run()
+    finally:
+        key_file.unlink(missing_ok=True)
+
+
+def policy_json(policy) -> dict:
+    return asdict(policy)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

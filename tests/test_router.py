@@ -1,0 +1,434 @@
+"""sglang's real router (the `sglang-router` wheel from PyPI: a Rust binary that runs on a
+CPU) in front of stand-in replicas (tests/fixtures/sglang_standin.py, a TEST FIXTURE),
+driven by sm120kit.fleet.router: its options read from the installed release, its
+command line, its worker API; requests through it, replicas added, removed, killed and
+hung. Every process a test starts runs in a session of its own and is killed with it,
+pass or fail; every port is picked free."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from standin import STANDIN, free_port
+
+from sm120kit.errors import UserError
+from sm120kit.fleet.router import (
+    LIVENESS_PATH,
+    SUPPORTED,
+    RouterClient,
+    RouterOption,
+    RouterRefused,
+    RouterSchema,
+    RouterUnavailable,
+    read_router_schema,
+    router_argv,
+)
+from sm120kit.target import Target, resolve_target
+
+pytest.importorskip("sglang_router", reason="the fleet tests run the real sglang-router (the test extra)")
+
+HOST = "127.0.0.1"
+MODEL = "standin/model"
+KEY = "fleet-secret"
+
+
+@pytest.fixture(scope="module")
+def schema() -> RouterSchema:
+    found = read_router_schema(resolve_target())
+    assert found is not None, "sglang-router is a test dependency"
+    return found
+
+
+def get(port: int, path: str, key: str | None = None, timeout: float = 5) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers={"Authorization": f"Bearer {key}"} if key else {})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def wait_for(what: str, check, timeout: float = 20):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            found = check()
+        except (OSError, http.client.HTTPException, RouterUnavailable):
+            found = None
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
+class Fleet:
+    """Stand-in replicas started directly (no supervisor) and the real router in front of
+    them; kill() ends every process started, whatever happened."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.log = tmp_path / "requests.jsonl"  # the stand-ins' requests_log: who answered what
+        self.procs: list[subprocess.Popen] = []
+        self.replicas: dict[str, subprocess.Popen] = {}
+        self.router: subprocess.Popen | None = None
+        self.router_port = 0
+
+    def replica(self, port: int | None = None, faults: dict | None = None, key: str | None = None) -> str:
+        port = port or free_port()
+        faults = {"load_s": 0.05, "warmup_s": 0.05, "requests_log": str(self.log), **(faults or {})}
+        argv = [sys.executable, str(STANDIN), "--port", str(port), "--model-path", MODEL]
+        proc = subprocess.Popen(
+            argv + (["--api-key", key] if key else []),
+            env={**os.environ, "SGLANG_STANDIN": json.dumps(faults)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.procs.append(proc)
+        url = f"http://{HOST}:{port}"
+        self.replicas[url] = proc
+        wait_for(f"replica {url} ready", lambda: get(port, "/health")[0] == 200)
+        return url
+
+    def start_router(self, schema: RouterSchema, urls: list[str], **options) -> RouterClient:
+        self.router_port = free_port()
+        # the router always runs a Prometheus exporter (default 0.0.0.0:29000): a free port of its own
+        options = {"prometheus_port": free_port(), "log_level": "warn", **options}
+        argv = router_argv(
+            sys.executable, schema, options, host=HOST, port=self.router_port, worker_urls=urls, source="test"
+        )
+        out = open(self.tmp / "router.log", "ab")  # noqa: SIM115 -- the child holds it; closed with the test's tmp dir
+        self.router = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(self.router)
+        client = RouterClient(HOST, self.router_port, api_key=options.get("api_key"))
+        wait_for("the router's liveness", lambda: get(self.router_port, LIVENESS_PATH)[0] == 200)
+        # registered (listed), then marked healthy: a moment apart
+        wait_for("every worker registered and healthy", lambda: client.health() == dict.fromkeys(urls, True))
+        return client
+
+    def kill_replica(self, url: str) -> None:
+        proc = self.replicas.pop(url)
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its schedulers: a crash
+        proc.wait()
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+    def events(self) -> list[dict]:
+        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
+
+    def answered(self) -> collections.Counter:
+        """Completed /generate answers per replica port."""
+        return collections.Counter(e["port"] for e in self.events() if e["path"] == "/generate" and e["event"] == "end")
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    f = Fleet(tmp_path)
+    try:
+        yield f
+    finally:
+        f.kill()
+
+
+def generate(port: int, rid: str, stream: bool = False, tokens: int = 4, key: str | None = None) -> str | None:
+    """One /generate through the router: None when the whole answer came, else what went wrong."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=30)
+    text = f"{hashlib.sha256(rid.encode()).hexdigest()[:16]} {rid}"  # prompts that share no prefix
+    body = {"text": text, "rid": rid, "stream": stream, "sampling_params": {"max_new_tokens": tokens}}
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    try:
+        conn.request("POST", "/generate", json.dumps(body), headers)
+        response = conn.getresponse()
+        raw = response.read().decode()
+    except (OSError, http.client.HTTPException) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+    if response.status != 200:
+        return f"{response.status} {raw[:200]}"
+    if stream:
+        events = [line.removeprefix("data: ") for line in raw.splitlines() if line.startswith("data: ")]
+        if events[-1:] != ["[DONE]"]:  # a stream cut short still ends its chunked body cleanly
+            return f"stream cut after {len(events)} events"
+        raw = events[-2]
+    done = json.loads(raw)["meta_info"]["completion_tokens"]
+    return None if done == tokens else f"{done} of {tokens} tokens"
+
+
+# --- the options, read from the installed release -------------------------------------------
+
+
+def test_the_schema_read_from_source_is_what_argparse_builds(schema):
+    """The static read of router_args.py agrees with the parser the release builds itself:
+    every flag, which are switches, and the fixed choices."""
+    from sglang_router.router_args import RouterArgs
+
+    parser = argparse.ArgumentParser()
+    RouterArgs.add_cli_args(parser, use_router_prefix=False)
+    actions = {a.option_strings[0]: a for a in parser._actions if a.option_strings and a.option_strings[0] != "-h"}
+    assert {o.flag for o in schema.options.values()} == set(actions)
+    for key, option in schema.options.items():
+        action = actions[option.flag]
+        assert key == action.dest or option.flag == "--tls-cert-path" or option.flag == "--tls-key-path"
+        assert (option.kind == "switch") == (action.nargs == 0), key
+        if option.choices is not None:
+            assert tuple(action.choices) == option.choices, key
+    assert schema.options["policy"].choices == ("random", "round_robin", "cache_aware", "power_of_two", "manual")
+    assert schema.options["tool_call_parser"].choices is None  # a registry read at run time: any value
+
+
+def test_the_installed_release_is_one_sm120kit_drives(schema):
+    assert schema.version in SUPPORTED
+
+
+def test_the_argv_carries_the_profile_options(schema):
+    argv = router_argv(
+        "/venv/bin/python",
+        schema,
+        {"policy": "round_robin", "health_check_interval_secs": 5, "disable_retries": True, "dp_aware": False},
+        host="10.0.0.1",
+        port=30000,
+        worker_urls=["http://10.0.0.1:30001", "http://10.0.0.1:30002"],
+        source="fleet.toml",
+    )
+    assert argv[:7] == [
+        "/venv/bin/python",
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        "10.0.0.1",
+        "--port",
+        "30000",
+    ]
+    assert argv[7:] == [
+        "--policy",
+        "round_robin",
+        "--health-check-interval-secs",
+        "5",
+        "--disable-retries",  # a switch set false is left out
+        "--prometheus-host",  # the metrics exporter binds no wider than the router
+        "10.0.0.1",
+        "--worker-urls",
+        "http://10.0.0.1:30001",
+        "http://10.0.0.1:30002",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (
+            {"polcy": "round_robin"},
+            "fleet.router.polcy: the installed sglang-router {v} has no such option (did you mean `policy`?)",
+        ),
+        ({"health-check-interval-secs": 5}, "did you mean `health_check_interval_secs`?"),
+        ({"policy": "fastest"}, "fleet.router.policy: 'fastest' is not one of random, round_robin"),
+        (
+            {"health_check_interval_secs": "5"},
+            "fleet.router.health_check_interval_secs: '5' is not an integer (sglang-router {v}",
+        ),
+        ({"cache_threshold": True}, "fleet.router.cache_threshold: True is not a number"),
+        ({"disable_retries": "yes"}, "fleet.router.disable_retries: --disable-retries is a switch: true or false"),
+        ({"port": 1}, "fleet.router.port: sm120kit sets --port itself"),
+        ({"worker_urls": ["http://x:1"]}, "fleet.router.worker_urls: sm120kit sets --worker-urls itself"),
+        ({"prefill": ["http://x:1"]}, "fleet.router.prefill: --prefill takes repeated groups"),
+    ],
+)
+def test_a_bad_router_option_names_the_file_the_key_and_the_release(schema, options, said):
+    with pytest.raises(UserError) as caught:
+        router_argv("/venv/bin/python", schema, options, host=HOST, port=1, worker_urls=[], source="/p/fleet.toml")
+    message = str(caught.value)
+    assert message.startswith("/p/fleet.toml: fleet.router.") and said.format(v=schema.version) in message
+    assert caught.value.hint  # the next step: the release's --help, or what to remove
+
+
+def test_a_release_outside_the_supported_range_is_refused(schema):
+    newer = RouterSchema("0.4.0", schema.options)
+    with pytest.raises(UserError, match=r"sglang-router 0\.4\.0 is not a release sm120kit drives") as caught:
+        router_argv("/venv/bin/python", newer, {}, host=HOST, port=1, worker_urls=[], source="/p/fleet.toml")
+    assert "/venv/bin/python -m pip install 'sglang-router" in caught.value.hint
+
+
+def test_the_schema_comes_from_the_target_files_not_an_import(tmp_path):
+    """A --site directory with another release: its own router_args.py is read (an older
+    release lacks an option the installed one has); no sglang-router there: None."""
+    site = tmp_path / "site-packages"
+    assert read_router_schema(Target("empty", [site])) is None
+    (site / "sglang_router").mkdir(parents=True)
+    info = site / "sglang_router-0.2.4.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang-router\nVersion: 0.2.4\n\n")
+    (site / "sglang_router" / "router_args.py").write_text(
+        "class RouterArgs:\n"
+        "    def add_cli_args(parser, use_router_prefix=False):\n"
+        "        prefix = 'router-' if use_router_prefix else ''\n"
+        "        parser.add_argument('--host', type=str)\n"
+        "        parser.add_argument(f'--{prefix}policy', type=str, choices=['random', 'round_robin'])\n"
+        "        parser.add_argument(f'--{prefix}disable-retries', action='store_true')\n"
+    )
+    old = read_router_schema(Target("site", [site]))
+    assert old.version == "0.2.4" and old.options["policy"] == RouterOption(
+        "--policy", "value", "str", ("random", "round_robin")
+    )
+    with pytest.raises(
+        UserError, match=r"fleet\.router\.disable_health_check: the installed sglang-router 0\.2\.4 has no such"
+    ):
+        router_argv("py", old, {"disable_health_check": True}, host=HOST, port=1, worker_urls=[], source="f.toml")
+
+
+# --- the real router in front of stand-in replicas --------------------------------------------
+
+
+# Not cache_aware (the router's default): below its balance thresholds (64 requests apart)
+# a prompt that matches no earlier one goes to the least loaded worker, the first on a tie,
+# so requests one at a time all go to one replica (cache_aware.rs); it spreads under load.
+@pytest.mark.parametrize("policy", ["round_robin", "random", "power_of_two"])
+def test_requests_through_the_router_reach_every_replica(fleet, schema, policy):
+    urls = [fleet.replica() for _ in range(3)]
+    client = fleet.start_router(schema, urls, policy=policy)
+    assert get(fleet.router_port, LIVENESS_PATH) == (200, b"OK") and client.ready()
+    assert client.health() == dict.fromkeys(urls, True)
+    failed = [r for r in (generate(fleet.router_port, f"r{i}") for i in range(30)) if r]
+    assert not failed
+    answered = fleet.answered()
+    assert sum(answered.values()) == 30 and set(answered) == {int(u.rsplit(":", 1)[1]) for u in urls}, answered
+    calls = {(e["method"], e["path"]) for e in fleet.events()}  # what the router asks of a worker
+    assert {("GET", "/health"), ("GET", "/server_info"), ("GET", "/model_info")} <= calls
+
+
+def test_workers_are_added_and_removed_through_the_client(fleet, schema):
+    a, b, c = (fleet.replica() for _ in range(3))
+    client = fleet.start_router(schema, [a, b], policy="round_robin")
+    client.add_worker(c, wait=10)
+    client.add_worker(c, wait=10)  # again: nothing changes
+    assert sorted(client.workers()) == sorted([a, b, c])
+    client.remove_worker(a, wait=10)
+    client.remove_worker(a, wait=10)  # not there: not an error
+    client.remove_worker("http://127.0.0.1:1", wait=1)
+    assert sorted(client.workers()) == sorted([b, c])
+    before = fleet.answered()
+    assert not [r for r in (generate(fleet.router_port, f"r{i}") for i in range(12)) if r]
+    after = fleet.answered() - before
+    port = {u: int(u.rsplit(":", 1)[1]) for u in (a, b, c)}
+    assert after[port[a]] == 0 and after[port[b]] == after[port[c]] == 6, after
+
+
+def test_a_worker_that_never_answers_is_not_registered(fleet, schema):
+    """Registration is a background job that retries a worker that does not answer: the
+    client's wait gives up and says what the job is doing."""
+    client = fleet.start_router(schema, [fleet.replica()])
+    dead = f"http://{HOST}:{free_port()}"
+    with pytest.raises(RouterRefused, match=rf"did not register {dead} within 1\.5 s") as caught:
+        client.add_worker(dead, wait=1.5)
+    assert "its job: processing" in str(caught.value) or schema.version.startswith("0.2.")
+    assert dead not in client.workers()
+
+
+def test_the_client_says_when_the_router_is_not_there_or_wants_a_key(fleet, schema):
+    with pytest.raises(RouterUnavailable, match=r"the router at http://127\.0\.0\.1:\d+ does not answer"):
+        RouterClient(HOST, free_port(), timeout=1).workers()
+    url = fleet.replica(key=KEY)
+    client = fleet.start_router(schema, [url], api_key=KEY)
+    for call in (lambda c: c.workers(), lambda c: c.add_worker(url), lambda c: c.remove_worker(url)):
+        with pytest.raises(RouterRefused, match=r"401.*it wants the API key it was started with"):
+            call(RouterClient(HOST, fleet.router_port))
+    # the key guards the worker API and the requests, not the probes; the router passes it on
+    assert get(fleet.router_port, LIVENESS_PATH)[0] == 200 and get(fleet.router_port, "/readiness")[0] == 200
+    assert generate(fleet.router_port, "nokey").startswith("401")
+    assert generate(fleet.router_port, "withkey", key=KEY) is None  # the replica wants the key too
+    assert client.workers() == [url]
+
+
+@pytest.mark.parametrize(
+    ("stream", "back"), [(False, "api"), (True, "breaker")], ids=["whole-readded", "streamed-breaker"]
+)
+def test_a_killed_replica_costs_only_its_streams_in_flight(fleet, schema, stream, back):
+    """20 requests of 1 s each over 2 replicas; one is killed 0.5 s in. The router retries
+    a request whose answer has not begun elsewhere (a whole answer is sent at its end, so
+    none fails), but cannot retry a stream already under way: each stream the dead replica
+    was serving ends early (still a 200, without [DONE]), and only those fail. Its health
+    checks take it out of the rotation. Restarted at the same URL it is healthy again, but
+    its circuit breaker, opened by the failed attempts, keeps requests from it until
+    cb_timeout_duration_secs (60 s by default) have passed: removing it and adding it back
+    through the worker API starts it afresh ("api"), or a short timeout lets it back by
+    itself ("breaker")."""
+    slow = {"request_tokens_per_s": 20}
+    urls = [fleet.replica(faults=slow), fleet.replica(faults=slow)]
+    victim = urls[1]
+    checks = {"health_check_interval_secs": 1, "health_failure_threshold": 1, "health_success_threshold": 1}
+    breaker = {"cb_timeout_duration_secs": 1} if back == "breaker" else {}
+    client = fleet.start_router(schema, urls, policy="round_robin", health_check_timeout_secs=2, **checks, **breaker)
+    results: dict[str, str | None] = {}
+
+    def one(rid: str) -> None:
+        results[rid] = generate(fleet.router_port, rid, stream=stream, tokens=20)
+
+    threads = [threading.Thread(target=one, args=(f"r{i}",)) for i in range(20)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    fleet.kill_replica(victim)
+    for t in threads:
+        t.join()
+    port = int(victim.rsplit(":", 1)[1])
+    on_victim = {e["rid"] for e in fleet.events() if e["port"] == port and e["path"] == "/generate"}
+    finished = {e["rid"] for e in fleet.events() if e["port"] == port and e.get("event") == "end"}
+    cut = on_victim - finished  # in flight on the dead replica
+    failed = {rid for rid, r in results.items() if r}
+    assert len(results) == 20 and cut  # the kill hit requests in flight
+    if stream:
+        assert failed == cut and all("stream cut" in results[r] for r in failed), (failed, cut, results)
+    else:
+        assert not failed, results
+    print(f"\n{'streamed' if stream else 'whole'}: {len(cut)} in flight on the killed replica, {len(failed)} failed")
+
+    wait_for("the dead replica marked unhealthy", lambda: client.health() == {urls[0]: True, victim: False}, 10)
+    if back == "api":
+        client.remove_worker(victim, wait=5)
+    assert not [r for r in (generate(fleet.router_port, f"after{i}") for i in range(6)) if r]
+    fleet.replica(port=port, faults=slow)  # restarted at the same URL, as the supervisor does
+    if back == "api":
+        client.add_worker(victim, wait=10)
+    wait_for("the restarted replica healthy again", lambda: client.health() == dict.fromkeys(urls, True), 10)
+    time.sleep(1.1 if back == "breaker" else 0)  # the open circuit's timeout
+    before = fleet.answered()[port]
+    assert not [r for r in (generate(fleet.router_port, f"back{i}", tokens=1) for i in range(4)) if r]
+    assert fleet.answered()[port] - before >= 1  # it serves again
+
+
+def test_a_hung_replica_is_taken_out_by_the_router_health_checks(fleet, schema):
+    """A replica whose /health stops answering (a stuck scheduler) fails the router's
+    checks by timeout: unhealthy, so no requests, while the other serves."""
+    good = fleet.replica()
+    hung = fleet.replica(faults={"hang_after_ready_s": 2})
+    client = fleet.start_router(
+        schema,
+        [good, hung],
+        policy="round_robin",
+        health_check_interval_secs=1,
+        health_failure_threshold=1,
+        health_check_timeout_secs=1,
+    )
+    wait_for("the hung replica marked unhealthy", lambda: client.health() == {good: True, hung: False}, 10)
+    before = fleet.answered()
+    assert not [r for r in (generate(fleet.router_port, f"r{i}") for i in range(6)) if r]
+    assert (fleet.answered() - before) == collections.Counter({int(good.rsplit(":", 1)[1]): 6})
