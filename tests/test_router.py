@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from standin import STANDIN, free_port
 
@@ -35,7 +36,7 @@ from sm120kit.fleet.router import (
     read_router_schema,
     router_argv,
 )
-from sm120kit.target import Target, resolve_target
+from sm120kit.target import Target
 
 pytest.importorskip("sglang_router", reason="the fleet tests run the real sglang-router (the test extra)")
 
@@ -46,7 +47,11 @@ KEY = "fleet-secret"
 
 @pytest.fixture(scope="module")
 def schema() -> RouterSchema:
-    found = read_router_schema(resolve_target())
+    """The options of the release the tests run: the one `-m sglang_router` imports (another
+    can be tried with PYTHONPATH=its site-packages)."""
+    import sglang_router
+
+    found = read_router_schema(Target("the tests' python", [Path(sglang_router.__file__).resolve().parent.parent]))
     assert found is not None, "sglang-router is a test dependency"
     return found
 
@@ -110,8 +115,8 @@ class Fleet:
         argv = router_argv(
             sys.executable, schema, options, host=HOST, port=self.router_port, worker_urls=urls, source="test"
         )
-        out = open(self.tmp / "router.log", "ab")  # noqa: SIM115 -- the child holds it; closed with the test's tmp dir
-        self.router = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.tmp / "router.log", "ab") as out:  # the child keeps its own copy
+            self.router = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append(self.router)
         client = RouterClient(HOST, self.router_port, api_key=options.get("api_key"))
         wait_for("the router's liveness", lambda: get(self.router_port, LIVENESS_PATH)[0] == 200)
@@ -120,24 +125,54 @@ class Fleet:
         return client
 
     def kill_replica(self, url: str) -> None:
-        proc = self.replicas.pop(url)
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its schedulers: a crash
-        proc.wait()
+        kill_session(self.replicas.pop(url))  # the launcher and its schedulers: a crash
 
     def kill(self) -> None:
         for proc in self.procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+            kill_session(proc)
 
     def events(self) -> list[dict]:
         return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
 
-    def answered(self) -> collections.Counter:
-        """Completed /generate answers per replica port."""
-        return collections.Counter(e["port"] for e in self.events() if e["path"] == "/generate" and e["event"] == "end")
+    def answered(self, rids: list[str]) -> collections.Counter:
+        """Which replica (port) answered each of these requests, counted. A stand-in notes
+        "end" just after its last byte leaves, so the client may read it first: wait for all."""
+
+        def ends() -> dict:
+            found = {e["rid"]: e["port"] for e in self.events() if e["path"] == "/generate" and e["event"] == "end"}
+            return found if set(rids) <= set(found) else None
+
+        found = wait_for(f"the stand-ins' notes of {len(rids)} answers", ends, 5)
+        return collections.Counter(found[rid] for rid in rids)
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def send(fleet: Fleet, rids: list[str], **kw) -> list[str]:
+    """Requests one after another through the router: what went wrong with any."""
+    return [f"{rid}: {r}" for rid in rids if (r := generate(fleet.router_port, rid, **kw))]
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL to the process and its session; then reap its children too, which conftest
+    made ours (a subreaper), so that no zombie outlives the test."""
+    try:
+        children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (psutil.Error, ProcessLookupError):
+        children = []
+    proc.wait()
+    end = time.monotonic() + 5
+    for pid in children:
+        while time.monotonic() < end:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    break
+            except ChildProcessError:  # not ours, or reaped already
+                break
+            time.sleep(0.01)
 
 
 @pytest.fixture
@@ -192,7 +227,7 @@ def test_the_schema_read_from_source_is_what_argparse_builds(schema):
         assert (option.kind == "switch") == (action.nargs == 0), key
         if option.choices is not None:
             assert tuple(action.choices) == option.choices, key
-    assert schema.options["policy"].choices == ("random", "round_robin", "cache_aware", "power_of_two", "manual")
+    assert {"random", "round_robin", "cache_aware", "power_of_two"} <= set(schema.options["policy"].choices)
     assert schema.options["tool_call_parser"].choices is None  # a registry read at run time: any value
 
 
@@ -307,29 +342,41 @@ def test_requests_through_the_router_reach_every_replica(fleet, schema, policy):
     client = fleet.start_router(schema, urls, policy=policy)
     assert get(fleet.router_port, LIVENESS_PATH) == (200, b"OK") and client.ready()
     assert client.health() == dict.fromkeys(urls, True)
-    failed = [r for r in (generate(fleet.router_port, f"r{i}") for i in range(30)) if r]
-    assert not failed
-    answered = fleet.answered()
-    assert sum(answered.values()) == 30 and set(answered) == {int(u.rsplit(":", 1)[1]) for u in urls}, answered
+    rids = [f"r{i}" for i in range(30)]
+    assert not send(fleet, rids)
+    answered = fleet.answered(rids)
+    assert set(answered) == {port_of(u) for u in urls}, answered
     calls = {(e["method"], e["path"]) for e in fleet.events()}  # what the router asks of a worker
     assert {("GET", "/health"), ("GET", "/server_info"), ("GET", "/model_info")} <= calls
 
 
 def test_workers_are_added_and_removed_through_the_client(fleet, schema):
-    a, b, c = (fleet.replica() for _ in range(3))
+    """Both are jobs in the router; `wait` returns once they show. A removed worker gets
+    no new requests, and finishes the ones it is streaming."""
+    a = fleet.replica(faults={"request_tokens_per_s": 20})  # 20 tokens: 1 s
+    b, c = fleet.replica(), fleet.replica()
     client = fleet.start_router(schema, [a, b], policy="round_robin")
     client.add_worker(c, wait=10)
     client.add_worker(c, wait=10)  # again: nothing changes
     assert sorted(client.workers()) == sorted([a, b, c])
+    streams: dict[str, str | None] = {}
+    rids = [f"stream{i}" for i in range(3)]  # one each, round robin
+    threads = [
+        threading.Thread(target=lambda r=r: streams.update({r: generate(fleet.router_port, r, True, 20)})) for r in rids
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
     client.remove_worker(a, wait=10)
+    for t in threads:
+        t.join()
+    assert streams == dict.fromkeys(rids) and fleet.answered(rids)[port_of(a)] == 1
     client.remove_worker(a, wait=10)  # not there: not an error
     client.remove_worker("http://127.0.0.1:1", wait=1)
     assert sorted(client.workers()) == sorted([b, c])
-    before = fleet.answered()
-    assert not [r for r in (generate(fleet.router_port, f"r{i}") for i in range(12)) if r]
-    after = fleet.answered() - before
-    port = {u: int(u.rsplit(":", 1)[1]) for u in (a, b, c)}
-    assert after[port[a]] == 0 and after[port[b]] == after[port[c]] == 6, after
+    rids = [f"r{i}" for i in range(12)]
+    assert not send(fleet, rids)
+    assert fleet.answered(rids) == {port_of(b): 6, port_of(c): 6}
 
 
 def test_a_worker_that_never_answers_is_not_registered(fleet, schema):
@@ -337,7 +384,7 @@ def test_a_worker_that_never_answers_is_not_registered(fleet, schema):
     client's wait gives up and says what the job is doing."""
     client = fleet.start_router(schema, [fleet.replica()])
     dead = f"http://{HOST}:{free_port()}"
-    with pytest.raises(RouterRefused, match=rf"did not register {dead} within 1\.5 s") as caught:
+    with pytest.raises(RouterRefused, match=rf"did not register {dead} as healthy within 1\.5 s") as caught:
         client.add_worker(dead, wait=1.5)
     assert "its job: processing" in str(caught.value) or schema.version.startswith("0.2.")
     assert dead not in client.workers()
@@ -389,7 +436,7 @@ def test_a_killed_replica_costs_only_its_streams_in_flight(fleet, schema, stream
     fleet.kill_replica(victim)
     for t in threads:
         t.join()
-    port = int(victim.rsplit(":", 1)[1])
+    port = port_of(victim)
     on_victim = {e["rid"] for e in fleet.events() if e["port"] == port and e["path"] == "/generate"}
     finished = {e["rid"] for e in fleet.events() if e["port"] == port and e.get("event") == "end"}
     cut = on_victim - finished  # in flight on the dead replica
@@ -404,22 +451,22 @@ def test_a_killed_replica_costs_only_its_streams_in_flight(fleet, schema, stream
     wait_for("the dead replica marked unhealthy", lambda: client.health() == {urls[0]: True, victim: False}, 10)
     if back == "api":
         client.remove_worker(victim, wait=5)
-    assert not [r for r in (generate(fleet.router_port, f"after{i}") for i in range(6)) if r]
+    assert not send(fleet, [f"after{i}" for i in range(6)])
     fleet.replica(port=port, faults=slow)  # restarted at the same URL, as the supervisor does
     if back == "api":
         client.add_worker(victim, wait=10)
     wait_for("the restarted replica healthy again", lambda: client.health() == dict.fromkeys(urls, True), 10)
     time.sleep(1.1 if back == "breaker" else 0)  # the open circuit's timeout
-    before = fleet.answered()[port]
-    assert not [r for r in (generate(fleet.router_port, f"back{i}", tokens=1) for i in range(4)) if r]
-    assert fleet.answered()[port] - before >= 1  # it serves again
+    rids = [f"back{i}" for i in range(4)]
+    assert not send(fleet, rids, tokens=1)
+    assert fleet.answered(rids)[port] >= 1  # it serves again
 
 
 def test_a_hung_replica_is_taken_out_by_the_router_health_checks(fleet, schema):
     """A replica whose /health stops answering (a stuck scheduler) fails the router's
     checks by timeout: unhealthy, so no requests, while the other serves."""
     good = fleet.replica()
-    hung = fleet.replica(faults={"hang_after_ready_s": 2})
+    hung = fleet.replica(faults={"hang_after_ready_s": 6})  # time enough to register it first
     client = fleet.start_router(
         schema,
         [good, hung],
@@ -428,7 +475,25 @@ def test_a_hung_replica_is_taken_out_by_the_router_health_checks(fleet, schema):
         health_failure_threshold=1,
         health_check_timeout_secs=1,
     )
-    wait_for("the hung replica marked unhealthy", lambda: client.health() == {good: True, hung: False}, 10)
-    before = fleet.answered()
-    assert not [r for r in (generate(fleet.router_port, f"r{i}") for i in range(6)) if r]
-    assert (fleet.answered() - before) == collections.Counter({int(good.rsplit(":", 1)[1]): 6})
+    wait_for("the hung replica marked unhealthy", lambda: client.health() == {good: True, hung: False}, 15)
+    rids = [f"r{i}" for i in range(6)]
+    assert not send(fleet, rids)
+    assert fleet.answered(rids) == {port_of(good): 6}
+
+
+def test_sigterm_stops_the_router_at_once_for_new_requests_after_its_streams(fleet, schema):
+    """The fleet's stop begins with the router: on SIGTERM it stops listening at once
+    (new connections are refused), lets the requests under way finish (up to
+    shutdown_grace_period_secs, 180 s by default), then exits 0."""
+    client = fleet.start_router(schema, [fleet.replica(faults={"request_tokens_per_s": 20})])
+    streams: dict[str, str | None] = {}
+    thread = threading.Thread(target=lambda: streams.update(s=generate(fleet.router_port, "s", True, 20)))
+    thread.start()
+    time.sleep(0.3)
+    fleet.router.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    with pytest.raises(RouterUnavailable, match="ConnectionRefusedError"):
+        client.workers()
+    assert fleet.router.wait(timeout=15) == 0
+    thread.join()
+    assert streams == {"s": None}

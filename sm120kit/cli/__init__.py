@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from sm120kit import __version__
-from sm120kit.cli import bench, doctor, patching, profiles, runs, serve, smoke, tryout, tune
+from sm120kit.cli import bench, deploy, doctor, patching, profiles, runs, serve, smoke, tryout, tune
 from sm120kit.cli.args import Parser
 from sm120kit.exit_codes import ExitCode
 
@@ -36,7 +36,7 @@ def build_parser() -> Parser:
     )
     parser.add_argument("--version", action="version", version=f"sm120kit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for group in (tryout, patching, profiles, serve, smoke, bench, tune, doctor, runs):
+    for group in (tryout, patching, profiles, serve, deploy, smoke, bench, tune, doctor, runs):
         group.register(sub)
     return parser
 

@@ -185,8 +185,19 @@ def _replica_member(fleet: FleetLaunch, r, record: RunRecord, options: ServeOpti
         gpus=list(r.gpus),
         url=r.url,
         probe_path="/health_generate",
+        smoke=_smoke(r.profile),
     )
     return Member(r.name, "replica", directory, r.url, ports)
+
+
+def _smoke(profile) -> dict | None:
+    """health.smoke's options for a replica (its own URL), without the key: the member
+    takes that from its environment."""
+    if not profile.health.smoke:
+        return None
+    from sm120kit.quality.command import options_for
+
+    return {k: v for k, v in dataclasses.asdict(options_for(profile, api_key=None)).items() if k != "api_key"}
 
 
 def _router_refs(argv: list[str], key_env: str | None) -> list:
@@ -221,5 +232,6 @@ def _router_member(fleet: FleetLaunch, record: RunRecord):
         gpus=[],
         url=layout.router_url,
         probe_path=LIVENESS_PATH,
+        smoke=None,
     )
     return Member(ROUTER, "router", directory, layout.router_url, ports)

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 SPEC = "member.json"
@@ -69,14 +68,15 @@ def main(directory: str) -> int:
         )
         # written with the supervisor's first record (a state.json of these alone would read as damaged)
         record.state.update(member=spec["member"], role=spec["role"], gpus=spec["gpus"], url=spec["url"])
+        smoke = None
+        if spec["smoke"] is not None:  # health.smoke: against this replica, with the fleet's key
+            from sm120kit.quality.command import SmokeOptions
+
+            smoke = SmokeOptions(**{**spec["smoke"], "model": tuple(spec["smoke"]["model"]), "api_key": key})
         with keep_secret(key, f"${spec['api_key_env']}"):
-            return Supervisor(server, Policy(**spec["policy"]), record, echo=False).run()
+            return Supervisor(server, Policy(**spec["policy"]), record, echo=False, smoke=smoke).run()
     finally:
         key_file.unlink(missing_ok=True)
-
-
-def policy_json(policy) -> dict:
-    return asdict(policy)
 
 
 if __name__ == "__main__":

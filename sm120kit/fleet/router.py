@@ -45,12 +45,14 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from sm120kit.errors import UserError
+from sm120kit.serve.probe import probe_host
 
-# The releases whose worker API and options were read and run (0.2.4, 0.3.0, 0.3.1, 0.3.2):
-# 0.2.4 is the first with only the REST worker API above (0.2.0 still has /add_worker,
-# and 0.2.1-0.2.3 were not checked); 0.3.0 changed worker ids from URLs to UUIDs, which
-# the client absorbs by looking ids up. The next minor release may change the API again
-# (0.3.0 did), so it stays out until it is checked.
+# The releases whose worker API and options were read, and which pass tests/test_router.py
+# (0.2.4, 0.3.0, 0.3.1 and 0.3.2: PYTHONPATH=<a site-packages holding one> pytest ...):
+# 0.2.4 is the first with only the REST worker API above (0.2.0 still has /add_worker;
+# 0.2.1-0.2.3 were not checked); 0.3.0 changed worker ids from URLs to UUIDs, which the
+# client absorbs by looking ids up. The next minor release may change the API again, as
+# 0.3.0 did, so it stays out until it is checked.
 SUPPORTED = SpecifierSet(">=0.2.4,<0.4")
 
 LIVENESS_PATH = "/liveness"  # 200 while the router serves, healthy workers or not
@@ -213,7 +215,8 @@ class RouterClient:
     POLL_S = 0.1
 
     def __init__(self, host: str, port: int, api_key: str | None = None, timeout: float = 5.0) -> None:
-        self.host, self.port, self.api_key, self.timeout = host, port, api_key, timeout
+        self.host = probe_host(host)  # a router bound to 0.0.0.0 is asked on the loopback
+        self.port, self.api_key, self.timeout = port, api_key, timeout
         self.where = f"the router at http://{host}:{port}"
 
     def _request(self, method: str, path: str, body: dict | None = None) -> tuple[int, object]:
@@ -274,17 +277,18 @@ class RouterClient:
     def add_worker(self, url: str, wait: float | None = None) -> None:
         """Register `url` (adding one already there changes nothing). The router checks it
         (/health, /server_info, /model_info) in a background job, retrying a worker that
-        does not answer yet; with `wait`, return once it is listed, or raise RouterRefused
-        after that many seconds, with the job's state."""
+        does not answer yet; with `wait`, return once it is listed as healthy, or raise
+        RouterRefused after that many seconds, with the job's state."""
         doc = self._expect("POST", "/workers", {"url": url}, ok=(200, 201, 202))
         if wait is None:
             return
         job = doc.get("worker_id") if isinstance(doc, dict) else None
         deadline = time.monotonic() + wait
-        while not any(_same(u, url) for u in self.workers()):
+        # listed, then marked healthy a moment later: only then does it get requests
+        while not any(_same(u, url) and healthy for u, healthy in self.health().items()):
             if time.monotonic() >= deadline:
                 state = self._job_state(job) if job else ""
-                raise RouterRefused(f"{self.where} did not register {url} within {wait:g} s{state}")
+                raise RouterRefused(f"{self.where} did not register {url} as healthy within {wait:g} s{state}")
             time.sleep(self.POLL_S)
 
     def _job_state(self, worker_id: str) -> str:

@@ -1,0 +1,162 @@
+"""A container that runs `sm120kit serve PROFILE`: a `docker run` line and a compose file
+that say the same (the compose file validates against the compose specification's JSON
+Schema: tests/test_deploy_docker.py).
+
+The container takes the host's network (`--network host`): the server binds where the
+profile says (server.host: 127.0.0.1, the host's loopback, unless the profile binds
+public), the argv is the one `serve --dry-run` prints on the host, and a fleet's replicas,
+its router and a multi-node server's NCCL ports need no list of published ports. Publishing
+with `-p 127.0.0.1:PORT:PORT` instead would make sglang bind the container's own address:
+another argv, and a public bind the profile did not ask for.
+
+The image holds `sh`, sglang (sglang-router for a fleet) and sm120kit in the serving
+environment, on PATH (or --python names that environment's python). The host runs the
+NVIDIA Container Toolkit (`--gpus`)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from sm120kit.deploy import START_BURST, Deployment, seconds, stop_budget_s
+from sm120kit.node.checks.system import NOFILE_GOOD
+
+SHM_SIZE = "32g"  # doctor's advice: 16 GiB is fine for 8 ranks at high concurrency, 1 GiB is the floor
+HF_CACHE_HOST = "$HOME/.cache/huggingface"  # the host's Hugging Face cache (its default HF_HOME)
+HF_HOME = "/root/.cache/huggingface"  # where the container reads it, whatever user it runs as
+STATE_DIR = "/var/lib/sm120kit"  # the container's $SM120KIT_STATE_DIR: run records, logs
+STATE_VOLUME = "sm120kit-state"  # a named volume, unless --state-dir names a host directory
+PROFILES_AT = "/etc/sm120kit/profiles"  # the host's profile directories, mounted read-only
+PATCHES_AT = "/etc/sm120kit/patches"
+
+
+@dataclass(frozen=True)
+class ContainerOptions:
+    image: str
+    env_file: str | None = None  # docker's --env-file: the API key, NAME=value
+    state_dir: str | None = None  # a host directory for the run records (default: a named volume)
+
+
+@dataclass(frozen=True)
+class Container:
+    """The container both forms describe."""
+
+    name: str
+    image: str
+    gpus: int
+    script: str  # sh -c SCRIPT: the patch step, then exec serve
+    env: list[str]  # NAME=value, or NAME alone: passed from the invoking environment
+    env_file: str | None
+    volumes: list[str]  # HOST:CONTAINER[:ro]
+    named_volume: str | None
+    stop_s: int
+    restarts: int
+
+
+def container(d: Deployment, o: ContainerOptions) -> Container:
+    p = d.profile
+    profile_dirs = {host: f"{PROFILES_AT}/{k}" for k, host in enumerate(d.profile_dirs)}
+    patch_dirs = {host: f"{PATCHES_AT}/{k}" for k, host in enumerate(d.patch_dirs)}
+    ref = d.ref
+    if ref.startswith("/"):  # a profile file: its directory is mounted too (its extends live there)
+        parent, _, file = ref.rpartition("/")
+        profile_dirs.setdefault(parent, f"{PROFILES_AT}/{len(profile_dirs)}")
+        ref = f"{profile_dirs[parent]}/{file}"
+    exe = ["sm120kit"]
+    words = [d.serve_argv(exe, ref, tuple(profile_dirs[h] for h in d.profile_dirs), tuple(patch_dirs.values()))]
+    patch = d.patch_argv(exe, tuple(patch_dirs.values()))
+    script = " && exec ".join(shlex.join(w) for w in ([patch] if patch else []) + words)
+    volumes = [f"{HF_CACHE_HOST}:{HF_HOME}"]
+    if p.model.path and p.model.path.startswith("/"):
+        volumes.append(f"{p.model.path}:{p.model.path}:ro")
+    volumes += [f"{host}:{inside}:ro" for host, inside in {**profile_dirs, **patch_dirs}.items()]
+    volumes.append(f"{o.state_dir or STATE_VOLUME}:{STATE_DIR}")
+    env = [f"HF_HOME={HF_HOME}", f"SM120KIT_STATE_DIR={STATE_DIR}"]
+    if p.server.api_key_env and not o.env_file:
+        env.append(p.server.api_key_env)  # by name: its value comes from the environment docker runs in
+    return Container(
+        name=d.name,
+        image=o.image,
+        gpus=p.node.gpus,
+        script=script,
+        env=env,
+        env_file=o.env_file,
+        volumes=volumes,
+        named_volume=None if o.state_dir else STATE_VOLUME,
+        stop_s=stop_budget_s(p),
+        restarts=START_BURST,
+    )
+
+
+def run_argv(c: Container) -> list[str]:
+    """`docker run`: its words; `$HOME` is for the shell to expand."""
+    words = ["docker", "run", "--detach", "--name", c.name, "--gpus", str(c.gpus), "--network", "host"]
+    words += ["--shm-size", SHM_SIZE, "--ulimit", f"nofile={NOFILE_GOOD}:{NOFILE_GOOD}", "--ulimit", "memlock=-1:-1"]
+    words += ["--stop-timeout", str(c.stop_s), "--restart", f"on-failure:{c.restarts}"]
+    for v in c.volumes:
+        words += ["--volume", v]
+    for e in c.env:
+        words += ["--env", e]
+    if c.env_file:
+        words += ["--env-file", c.env_file]
+    return [*words, "--entrypoint", "sh", c.image, "-c", c.script]
+
+
+def run_line(c: Container) -> str:
+    """The run line as a shell reads it, one option a line."""
+    lines: list[str] = []
+    for word in run_argv(c):
+        text = f'"{word}"' if word.startswith("$HOME/") else shlex.quote(word)
+        if (word.startswith("-") and word != "-c") or not lines:
+            lines.append(text)
+        elif lines[-1].startswith("-") and " " not in lines[-1] and lines[-1] != "--entrypoint":
+            lines[-1] += " " + text
+        elif lines[-1].startswith("--entrypoint") and word == c.image:
+            lines.append(text)
+        else:
+            lines[-1] += " " + text
+    return " \\\n  ".join(lines)
+
+
+def compose(c: Container) -> dict:
+    """The compose file's document: one service, the run line's equal."""
+    service: dict = {
+        "image": c.image,
+        "container_name": c.name,
+        "entrypoint": ["sh", "-c", _literal(c.script)],
+        "network_mode": "host",
+        "shm_size": SHM_SIZE,
+        "ulimits": {"nofile": {"soft": NOFILE_GOOD, "hard": NOFILE_GOOD}, "memlock": {"soft": -1, "hard": -1}},
+        "stop_grace_period": f"{seconds(c.stop_s)}s",
+        "restart": f"on-failure:{c.restarts}",
+        "volumes": [_literal(v).replace("$$HOME/", "${HOME}/", 1) for v in c.volumes],
+        "environment": [_literal(e) for e in c.env],
+    }
+    if c.env_file:
+        service["env_file"] = [c.env_file]
+    service["deploy"] = {
+        "resources": {"reservations": {"devices": [{"driver": "nvidia", "count": c.gpus, "capabilities": ["gpu"]}]}}
+    }
+    doc: dict = {"name": c.name, "services": {c.name: service}}
+    if c.named_volume:
+        doc["volumes"] = {c.named_volume: {}}
+    return doc
+
+
+def _literal(text: str) -> str:
+    """Compose interpolates $NAME in its values: `$$` is a `$`."""
+    return text.replace("$", "$$")
+
+
+def compose_text(c: Container) -> str:
+    """The compose file, the `docker run` line that says the same in its leading comment."""
+    import yaml
+
+    head = [
+        f"# {c.name}: `sm120kit serve` in a container (`sm120kit render docker`). Save as compose.yaml, then:",
+        "#   docker compose up -d && docker compose logs -f",
+        "# The same container with docker run:",
+        *(f"#   {line}" for line in run_line(c).splitlines()),
+    ]
+    body = yaml.safe_dump(compose(c), sort_keys=False, default_flow_style=False, width=1000)
+    return "\n".join(head) + "\n" + body
