@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 import psutil
@@ -101,15 +102,14 @@ def fleet(tmp_path, env_python):
 
 
 def generate(
-    port: int, text: str = "Count: one two", timeout: float = 10, stream: bool = False, tokens: int = 4
+    port: int, text: str = "Count: one two", timeout: float = 10, stream: bool = False, tokens: int = 4, key=None
 ) -> int:
     """One generation through the router: its HTTP status; 0 for no answer, or for a stream
     that broke off before its `data: [DONE]` (its replica died under it)."""
     params = {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}
     body = json.dumps({"text": text, "sampling_params": params, "stream": stream}).encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/generate", body, {"Content-Type": "application/json"}, method="POST"
-    )
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/generate", body, headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=timeout) as r:
             answer = r.read()
@@ -233,6 +233,36 @@ def test_a_hung_replica_is_taken_out_and_put_back_when_it_generates_again(fleet)
     assert not f.ours()
 
 
+def test_a_fleet_with_an_api_key_needs_it_and_never_shows_it(fleet):
+    key = f"fleet-key-{uuid.uuid4().hex}"
+    f = fleet(sets=["server.api_key_env=FLEET_KEY"])
+    f.env["FLEET_KEY"] = key
+    seen, watching = [], threading.Event()
+
+    def watch() -> None:  # every process list while the fleet starts: the key in none of them
+        while not watching.is_set():
+            for p in psutil.process_iter(["cmdline"]):
+                if key in " ".join(p.info["cmdline"] or ()):
+                    seen.append(p.info["cmdline"])
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    f.start()
+    f.wait("ready", timeout=60)
+    wait_for(lambda: all(f.routed(n) == 1 for n in REPLICAS), 30, "every replica routed, with the key", f)
+    assert generate(f.port, key=key) == 200 and generate(f.port) == 401  # the router wants it, and has it
+    psutil.Process(f.member_state("router")["server_pid"]).kill()  # a restart starts it the same way
+    wait_for(lambda: all(f.routed(n) == 2 for n in REPLICAS), 60, "routed again by the new router", f)
+    watching.set()
+    watcher.join()
+    assert f.signal(signal.SIGTERM, timeout=60) == 0, f.output
+    assert not seen, seen
+    assert key not in f.output
+    records = [p for p in f.dir.rglob("*") if p.is_file() and not p.name.startswith("server.log")]
+    assert records and not [p for p in records if key.encode() in p.read_bytes()]
+
+
 def test_a_router_that_dies_is_restarted_and_every_ready_replica_added_again(fleet):
     f = fleet().start()
     f.wait("ready", timeout=60)
@@ -313,6 +343,43 @@ def _running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def test_a_second_ctrl_c_hurries_the_router_and_then_the_replicas(fleet):
+    f = fleet({"ignore_sigterm": True}, sets=["health.stop_timeout_s=20"]).start()  # a drain that never ends
+    f.wait("ready", timeout=60)
+    began = time.monotonic()
+    f.proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    assert f.signal(signal.SIGINT, timeout=60) == 0, f.output  # SIGKILLed in time: nothing was left
+    assert time.monotonic() - began < 12, f.output  # not 20 s for the replicas, after the router
+    for n in REPLICAS:
+        stopped = [json.loads(line) for line in (f.dir / n / "events.jsonl").read_text().splitlines()][-1]
+        assert stopped["event"] == "stopped" and stopped["clean"] and stopped["sigkilled"], n
+    assert not f.ours()
+
+
+def test_a_metrics_port_that_is_a_fleet_port_is_refused_before_anything_starts(fleet):
+    f = fleet()
+    f.argv[f.argv.index("--metrics-port") + 1] = str(f.replica_ports[1])
+    code, output = f.run()
+    assert code == 2, output
+    assert f"--metrics-port {f.replica_ports[1]} is the server's too (replica-1's server.port)" in output
+    assert not f.events("member_started")
+
+
+def test_a_member_supervisor_killed_outright_takes_its_replica_out_and_the_rest_serve_on(fleet):
+    f = fleet().start()
+    f.wait("ready", timeout=60)
+    wait_for(lambda: all(f.routed(n) == 1 for n in REPLICAS), 30, "every replica routed", f)
+    psutil.Process(f.member_state("replica-0")["supervisor_pid"]).kill()
+    wait_for(lambda: f.events("unrouted"), 15, "replica-0 taken out", f)
+    assert f.events("member_exited")[0] == {**f.events("member_exited")[0], "member": "replica-0", "exit_code": 137}
+    assert "its supervisor was killed; the replica is out of the fleet" in f.output
+    for _ in range(10):
+        assert generate(f.port) == 200
+    assert f.signal(signal.SIGTERM, timeout=60) == 0, f.output  # its server died with it: nothing left
+    wait_for(lambda: not f.ours(), 15, "no stand-in process left", f)
 
 
 def test_the_fleet_gives_up_when_every_replica_does_and_leaves_nothing(fleet):

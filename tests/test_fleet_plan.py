@@ -29,10 +29,13 @@ def test_replicas_take_the_next_gpus_and_ports_after_the_router():
     assert one.env["CUDA_VISIBLE_DEVICES"] == "1" and one.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
 
-def test_the_router_port_given_in_fleet_router_is_the_fleets_address():
-    profile = fleet("fleet.router.port=31000")
-    assert profile.server.port == 31000 and "port" not in profile.fleet.router
-    assert [r.port for r in plan(profile).replicas] == [31001, 31002, 31003]
+def test_the_fleets_address_is_server_port_and_fleet_router_port_may_only_repeat_it():
+    profile = fleet("fleet.router.port=30000")
+    assert profile.server.port == 30000 and "port" not in profile.fleet.router
+    with pytest.raises(UserError) as caught:  # both given, and they differ: which one is meant?
+        fleet("fleet.router.port=31000")
+    assert "fleet.router.port = 31000 and server.port = 30000" in caught.value.message
+    assert [r.port for r in plan(fleet("server.port=31000")).replicas] == [31001, 31002, 31003]
 
 
 def test_listed_replicas_keep_their_gpus_ports_and_urls():
@@ -49,14 +52,18 @@ def test_listed_replicas_keep_their_gpus_ports_and_urls():
 
 
 def test_a_replica_on_another_node_is_routed_to_not_started():
-    r0, r1 = plan(fleet('fleet.replica=[{port=30001}, {node="10.255.0.7", port=30001}]', "fleet.replicas=2")).replicas
+    sets = ['fleet.replica=[{port=30001}, {node="10.255.0.7", port=30001}]', "fleet.replicas=2"]
+    with pytest.raises(UserError) as caught:  # bound to loopback there, the router here could not reach it
+        plan(fleet(*sets))
+    assert "fleet.replica_host = '127.0.0.1'" in caught.value.message
+    r0, r1 = plan(fleet(*sets, "fleet.replica_host=0.0.0.0", "server.api_key_env=KEY")).replicas
     assert r0.here and r0.url == "http://127.0.0.1:30001"
     assert not r1.here and r1.url == "http://10.255.0.7:30001"  # the same port on another node is fine
 
 
 def test_router_only_starts_no_replica():
     layout = plan(fleet(), everything_elsewhere=True)
-    assert not layout.here and [r.url for r in layout.replicas][0] == "http://127.0.0.1:30001"
+    assert not layout.here and layout.replicas[0].url == "http://127.0.0.1:30001"
 
 
 @pytest.mark.parametrize(
@@ -64,6 +71,7 @@ def test_router_only_starts_no_replica():
     [
         (["fleet.replicas=4"], "replica-3 uses GPU 3, but node.gpus = 3"),
         (['fleet.replica=[{gpus="0"}, {gpus="0"}, {gpus="2"}]'], "GPU 0 is in replica-0 and in replica-1"),
+        (["parallel.tp=2", "node.gpus=6", 'fleet.replica=[{gpus="1,1"}, {}, {}]'], 'gpus = "1,1" names a GPU twice'),
         (
             ['fleet.replica=[{gpus="0,1"}, {gpus="2"}, {}]'],
             'fleet.replica[0].gpus = "0,1" is 2 GPU(s), but a replica uses 1',

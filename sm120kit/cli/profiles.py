@@ -137,8 +137,7 @@ def render_for(args, profile, target):
     --site): what `profile check`, `serve` and `bench --serve` run. A fleet profile: its
     FleetLaunch (the replicas' launches and the router's argv; serve's --router-only and
     --replicas-only choose the part)."""
-    from sm120kit.errors import UserError
-    from sm120kit.profiles.flags import read_schema
+    from sm120kit.profiles.flags import installed_schema
     from sm120kit.profiles.render import render
 
     python = args.python or ("python3" if args.site else sys.executable)
@@ -148,13 +147,7 @@ def render_for(args, profile, target):
         part = Mode.ROUTER_ONLY if getattr(args, "router_only", False) else Mode.ALL
         part = Mode.REPLICAS_ONLY if getattr(args, "replicas_only", False) else part
         return render_fleet(profile, target, python, part)
-    dist = target.find("sglang")
-    if dist is None:
-        raise UserError(
-            f"sglang is not installed in {target.description}: a profile renders for the installed release",
-            "point sm120kit at the serving environment with --python EXE",
-        )
-    return render(profile, read_schema(dist), python)
+    return render(profile, installed_schema(target), python)
 
 
 def cmd_profile_check(args) -> int:

@@ -92,15 +92,15 @@ def cmd_serve(args) -> int:
             f"sm120kit serve {profile.name}",
         )
     launch = render_for(args, profile, target)
-    if profile.fleet is not None:
-        return _serve_fleet(args, profile, launch, target)
-    if args.dry_run:
+    if args.dry_run:  # one server's command, or each of a fleet's
         if args.json:
             report.emit_json(launch.as_json())
             return ExitCode.OK
         report.print_warnings(launch.warnings, args.wide)
         print(launch.shell())
         return ExitCode.OK
+    if profile.fleet is not None:
+        return _serve_fleet(args, profile, launch, target)
     options = _options(args, profile)
     width = report.output_width(args.wide)
     if not args.check:
@@ -140,13 +140,6 @@ def _serve_fleet(args, profile, fleet, target) -> int:
     from sm120kit.fleet import command
     from sm120kit.serve import preflight
 
-    if args.dry_run:
-        if args.json:
-            report.emit_json(fleet.as_json())
-            return ExitCode.OK
-        report.print_warnings(fleet.warnings, args.wide)
-        print(fleet.shell())
-        return ExitCode.OK
     options = _options(args, profile)
     width = report.output_width(args.wide)
     if not args.check:

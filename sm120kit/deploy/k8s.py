@@ -149,16 +149,11 @@ def _in_a_pod(profile):
 
 
 def _render(profile, target, python: str) -> Launch:
-    from sm120kit.profiles.flags import read_schema
+    from sm120kit.profiles.flags import installed_schema
     from sm120kit.profiles.render import render
 
-    dist = target.find("sglang")
-    if dist is None:
-        raise UserError(
-            f"sglang is not installed in {target.description}: a profile renders for the installed release",
-            "render for the image's release: point sm120kit at an environment with that sglang (--python EXE)",
-        )
-    return render(profile, read_schema(dist), python)
+    hint = "render for the image's release: point sm120kit at an environment with that sglang (--python EXE)"
+    return render(profile, installed_schema(target, hint), python)
 
 
 def _has_config_flag(target) -> bool:

@@ -8,15 +8,14 @@ import dataclasses
 import sys
 from dataclasses import dataclass
 
-from sm120kit.errors import UserError
 from sm120kit.exit_codes import ExitCode
 from sm120kit.fleet.launch import FleetLaunch
 from sm120kit.fleet.plan import ROUTER
 from sm120kit.node.check import Check, Status
 from sm120kit.serve import preflight
-from sm120kit.serve.command import ServeOptions, metrics_served, record_pid
+from sm120kit.serve.command import ServeOptions, metrics_served, supervise
 from sm120kit.serve.probe import probe_host
-from sm120kit.serve.rundir import ENV_VAR, RunRecord, serve_root
+from sm120kit.serve.rundir import RunRecord
 from sm120kit.serve.status import EventKind
 
 SHARED_CHECKS = ("api key", "patches", "stale processes")  # once for the fleet
@@ -73,6 +72,12 @@ def run_preflight(fleet: FleetLaunch, target, options: ServeOptions) -> FleetPre
             checks.append(dataclasses.replace(c, id=f"{c.id} ({r.name})"))
     if fleet.router is not None:
         checks.append(_router_port(fleet))
+    if options.metrics_port is not None:
+        from sm120kit.node.checks.serving import port_plan
+
+        taken = {port: f"{r.name}'s {what}" for r in here for what, _, port in port_plan(r.profile)}
+        taken |= {port: f"the router's {what}" for what, _, port in fleet.router_ports}
+        checks.append(preflight.metrics_port(options.metrics_port, profile.server.host, taken))
     return FleetPreflight(checks, {**node.env, **profile.env})
 
 
@@ -107,28 +112,11 @@ def show_plan(fleet: FleetLaunch) -> None:
 def serve_fleet(fleet: FleetLaunch, target, options: ServeOptions, width: int | None) -> ExitCode:
     """As `serve` for one server: OK stopped on request and clean; FINDINGS gave up;
     ERROR refused; UNCLEAN something was left."""
-    from filelock import FileLock, Timeout
-
     from sm120kit.fleet.supervisor import Fleet
     from sm120kit.serve import metrics
 
     profile = fleet.plan.profile
-    directory = serve_root() / profile.name
-    try:
-        record = RunRecord(directory)
-        lock = FileLock(str(record.dir / "supervisor.lock"))
-        lock.acquire(timeout=0)
-    except Timeout:
-        pid = record_pid(record)
-        raise UserError(
-            f"profile {profile.name} is already being served" + (f" by supervisor pid {pid}" if pid else ""),
-            "`sm120kit ps` shows it; stop it with `kill -TERM <pid>` (or Ctrl-C in its terminal)",
-        ) from None
-    except OSError as exc:
-        raise UserError(
-            f"cannot set up the run directory {directory}: {exc.strerror or exc}; nothing was started",
-            f"free space there, or point ${ENV_VAR} at another disk",
-        ) from None
+    record, lock = supervise(profile.name)
     try:
         show_plan(fleet)
         checked = run_preflight(fleet, target, options)
@@ -143,6 +131,7 @@ def serve_fleet(fleet: FleetLaunch, target, options: ServeOptions, width: int | 
             return ExitCode.ERROR
         replicas = [_replica_member(fleet, r, record, options) for r in fleet.plan.here if r.name in fleet.replicas]
         router = _router_member(fleet, record) if fleet.router is not None else None
+        _forget_former_members(record, {m.name for m in [*replicas, *([router] if router else [])]})
         started = {m.url for m in replicas}
         remote = [r.url for r in fleet.plan.replicas if r.url not in started] if router else []
         key = checked.env.get(profile.server.api_key_env) if profile.server.api_key_env else None
@@ -151,6 +140,18 @@ def serve_fleet(fleet: FleetLaunch, target, options: ServeOptions, width: int | 
             return Fleet(profile.name, replicas, router, remote, record, profile.health.stop_timeout_s, key).run()
     finally:
         lock.release()
+
+
+def _forget_former_members(record: RunRecord, names: set[str]) -> None:
+    """A member of an earlier run of this profile that this one does not have (fewer
+    replicas now, or the router elsewhere): its state goes, so that `ps` and the metrics
+    do not show it as stopped among the live ones; its logs stay."""
+    from sm120kit.fleet.member import SPEC
+
+    for spec in record.dir.glob(f"*/{SPEC}"):
+        if spec.parent.name not in names:
+            (spec.parent / "state.json").unlink(missing_ok=True)
+            spec.unlink(missing_ok=True)
 
 
 def _policy(profile) -> dict:

@@ -69,8 +69,8 @@ class FleetLaunch:
 def render_fleet(profile, target, python: str, mode: Mode = Mode.ALL) -> FleetLaunch:
     """The fleet's commands for the target's sglang and sglang-router; a UserError (exit 2,
     nothing started) for a layout or an option that cannot be."""
-    from sm120kit.fleet.router import read_router_schema, router_argv
-    from sm120kit.profiles.flags import read_schema
+    from sm120kit.fleet.router import SUPPORTED, read_router_schema, router_argv
+    from sm120kit.profiles.flags import installed_schema
 
     layout = plan(profile, everything_elsewhere=mode is Mode.ROUTER_ONLY)
     replicas: dict[str, Launch] = {}
@@ -82,13 +82,7 @@ def render_fleet(profile, target, python: str, mode: Mode = Mode.ALL) -> FleetLa
                 f"profile {profile.name}: no replica is served on this node (each names another node or a url)",
                 f"run the router alone: sm120kit serve {profile.name} --router-only",
             )
-        dist = target.find("sglang")
-        if dist is None:
-            raise UserError(
-                f"sglang is not installed in {target.description}: a profile renders for the installed release",
-                "point sm120kit at the serving environment with --python EXE",
-            )
-        schema = read_schema(dist)
+        schema = installed_schema(target)
         config_flag = schema.get("--config") is not None
         for r in layout.here:
             replicas[r.name] = render(r.profile, schema, python)
@@ -99,7 +93,7 @@ def render_fleet(profile, target, python: str, mode: Mode = Mode.ALL) -> FleetLa
         if schema is None:
             raise UserError(
                 f"sglang-router is not installed in {target.description}: a fleet runs sglang's own router",
-                "pip install 'sglang-router>=0.3,<0.4' in the serving environment (or --replicas-only on a node "
+                f"pip install 'sglang-router{SUPPORTED}' in the serving environment (or --replicas-only on a node "
                 "without the router)",
             )
         router = router_argv(
@@ -125,7 +119,7 @@ def _router_ports(layout, schema) -> list[tuple[str, str, int]]:
     it panic at start): both must be free, and no replica's."""
     from sm120kit.node.checks.serving import port_plan
 
-    ports = [("server.port (the router)", layout.router_host, layout.router_port)]
+    ports = [("server.port", layout.router_host, layout.router_port)]
     if "prometheus_port" in schema.options:
         exporter = layout.router_options.get("prometheus_port", ROUTER_PROMETHEUS_PORT)
         host = layout.router_options.get("prometheus_host", layout.router_host)

@@ -16,6 +16,14 @@ import sys
 from pathlib import Path
 
 SPEC = "member.json"
+ROUTER_KEY_ENV = "SM120KIT_ROUTER_KEY"
+# The router takes its key only as --api-key (no key file): this appends it from the
+# environment inside the router's own process, so that no process list ever shows it.
+ROUTER_WITH_KEY = (
+    "import os, runpy, sys; "
+    f"sys.argv += ['--api-key', os.environ.pop('{ROUTER_KEY_ENV}')]; "
+    "runpy.run_module('sglang_router.launch_router', run_name='__main__', alter_sys=True)"
+)
 OUTPUT = "supervisor.out"  # the member supervisor's own lines; the fleet shows them
 
 
@@ -32,6 +40,14 @@ def argv_refs(argv: list) -> list:
     from sm120kit.profiles.render import EnvRef
 
     return [{"env": a.name} if isinstance(a, EnvRef) else a for a in argv]
+
+
+def key_from_environment(argv: list[str], env: dict[str, str], key: str) -> list[str]:
+    """The router's argv without `--api-key KEY`, run so that it reads the key from env."""
+    i = argv.index("--api-key")
+    module = argv.index("-m")
+    env[ROUTER_KEY_ENV] = key
+    return [*argv[:module], "-c", ROUTER_WITH_KEY, *argv[module + 2 : i], *argv[i + 2 :]]
 
 
 def main(directory: str) -> int:
@@ -52,6 +68,8 @@ def main(directory: str) -> int:
     key_file = record.dir / KEY_FILE
     try:
         argv, shown, key = resolve_argv(Launch(argv, {}, ""), env, key_file if spec["key_file"] else None)
+        if spec["role"] == "router" and key:
+            argv = key_from_environment(argv, env, key)
         server = ServerSpec(
             spec["name"],
             argv,

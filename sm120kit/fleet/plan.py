@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sm120kit.errors import UserError
+from sm120kit.profiles.model import is_loopback
 from sm120kit.profiles.render import gpus_used
 from sm120kit.serve.probe import probe_host
 
@@ -119,6 +120,12 @@ def plan(profile: Profile, *, everything_elsewhere: bool = False) -> FleetPlan:
         node = entry.node if entry is not None else None
         here = not everything_elsewhere and (node is None or node.lower() in local_addresses())
         if node is None or node.lower() in local_addresses():
+            if len(set(gpus)) != len(gpus):
+                raise _problem(
+                    profile,
+                    f'{name}: fleet.replica[{k}].gpus = "{entry.gpus}" names a GPU twice',
+                    "give each replica GPUs of its own ([[fleet.replica]] gpus = ...)",
+                )
             for g in gpus:
                 if g in owner:
                     raise _problem(
@@ -139,6 +146,13 @@ def plan(profile: Profile, *, everything_elsewhere: bool = False) -> FleetPlan:
             profile,
             f"{owner[g]} uses GPU {g}, but node.gpus = {profile.node.gpus} (GPUs 0-{profile.node.gpus - 1})",
             "use fewer replicas or GPUs, or set node.gpus to what the node has (`nvidia-smi -L` lists them)",
+        )
+    if any(e is not None and e.node for e in entries) and is_loopback(fleet.replica_host):
+        raise _problem(
+            profile,
+            f"replicas on other nodes, but fleet.replica_host = {fleet.replica_host!r}: a router on another node "
+            "could not reach them",
+            'bind them where the router reaches them: fleet.replica_host = "0.0.0.0" (with server.api_key_env)',
         )
     result = FleetPlan(profile, replicas, router_host, router_port, options)
     taken = {router_port: "the router's (server.port)"}

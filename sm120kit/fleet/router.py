@@ -62,6 +62,9 @@ MODULE = "sglang_router.launch_router"
 # What the fleet decides, not the profile's router table: the bind address and port come
 # from the profile's [fleet] settings, the workers from its replicas.
 RESERVED = {"host", "port", "worker_urls"}
+# Secrets: never in a profile's text nor in argv that a profile writes (the key comes from
+# server.api_key_env, the same for the router and the replicas).
+SECRETS = {"api_key", "control_plane_api_keys"}
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,12 @@ def router_argv(
         option = schema.options.get(key)
         if key in RESERVED:
             raise UserError(f"{where}: sm120kit sets --{key.replace('_', '-')} itself, from the fleet", "remove it")
+        if key in SECRETS:
+            raise UserError(
+                f"{where}: a key does not belong in a profile (its text, and the router's argv, are readable)",
+                "remove it and set server.api_key_env to the NAME of the variable that holds the key: sm120kit "
+                "gives the router and the replicas that key",
+            )
         if option is None:
             near = difflib.get_close_matches(key.replace("-", "_"), list(schema.options), n=1)
             also = f" (did you mean `{near[0]}`?)" if near else ""
@@ -172,6 +181,8 @@ def router_argv(
             continue
         items = value if option.kind == "list" and isinstance(value, list) else [value]
         bad = next((v for v in items if not _check(v, option)), None) if items else None
+        if bad is None and key.endswith("_port") and not all(1 <= v <= 65535 for v in items):
+            raise UserError(f"{where} = {value!r} is not a port (1-65535)", f"fix fleet.router.{key}")
         if bad is not None or (option.kind == "value" and isinstance(value, list)):
             kind = {"int": "an integer", "float": "a number"}.get(option.type, "a string")
             wanted = f"one of {', '.join(option.choices)}" if option.choices else kind

@@ -83,6 +83,8 @@ class Fleet:
         self._remote_routed: dict[str, float] = {}  # URL served elsewhere -> when it was added
         self._client = None
         self._reconciled = 0.0
+        self._serving = False  # the router's /readiness: it has a healthy worker to send to
+        self._announced: set[str] = set()  # URLs served elsewhere whose routing was said
 
     @property
     def members(self) -> list[Member]:
@@ -146,19 +148,26 @@ class Fleet:
         if self.router is not None and self.router.exit_code is not None:
             return self._give_up("the router's supervisor has ended (crash-loop limit)")
         ready = sum(m.ready for m in self.replicas)
-        serving = ready > 0 if self.replicas else True  # --router-only: the router's health checks judge the rest
-        status = RunStatus.READY if (self.router is None or self.router.ready) and serving else RunStatus.STARTING
+        # ready: a replica here generates and, with a router, the router has a worker to send to
+        # (its /readiness: registration is a job of its own, and --router-only's workers are elsewhere)
+        routing = self.router is None or (self.router.ready and self._serving)
+        status = RunStatus.READY if routing and (ready or not self.replicas) else RunStatus.STARTING
         if status is RunStatus.READY and self.record.state.get("status") != status:
             where = self.router.url if self.router else ", ".join(m.url for m in self.replicas if m.ready)
-            self.say(f"ready: {ready} of {len(self.replicas)} replica(s) generate; serving at {where}")
+            served = f"{ready} of {len(self.replicas)} replica(s) here generate" if self.replicas else ""
+            elsewhere = f"{len(self.remote)} served elsewhere" if self.remote else ""
+            self.say(f"ready: {'; '.join(w for w in (served, elsewhere) if w)}; serving at {where}")
             self.record.event(EventKind.READY, replicas=ready, url=where)
-        if self.record.state.get("status") != status or self.record.state.get("ready_replicas") != ready:
+        restarts = sum(m.state.get("restarts", 0) for m in self.members)
+        if (self.record.state.get("status"), self.record.state.get("ready_replicas")) != (status, ready):
             self.record.update(
                 status=status,
                 since=time.time() if self.record.state.get("status") != status else self.record.state["since"],
                 ready_replicas=ready,
-                restarts=sum(m.state.get("restarts", 0) for m in self.replicas),
+                restarts=restarts,
             )
+        elif self.record.state.get("restarts") != restarts:
+            self.record.update(restarts=restarts)
         return None
 
     # -- members -----------------------------------------------------------------------
@@ -186,9 +195,10 @@ class Fleet:
         reaped = procs.reap()
         for m in self.members:
             if m.alive and m.proc.pid in reaped:
-                code, how = procs.exit_description(reaped[m.proc.pid])
-                m.proc.returncode = code if code is not None else -1
-                m.exit_code = code if code is not None else int(ExitCode.UNCLEAN)
+                status = reaped[m.proc.pid]
+                code, how = procs.exit_description(status)
+                m.exit_code = code if code is not None else 128 + os.WTERMSIG(status)  # as a shell says it
+                m.proc.returncode = m.exit_code
                 self._read(m)
                 m.output.close()
                 self.say(f"{m.name}'s supervisor ended ({how}): {_meaning(m.exit_code)}")
@@ -218,6 +228,7 @@ class Fleet:
         if router.state.get("server_pid") != self._router_server:  # a new router: an empty worker list
             self._router_server = router.state.get("server_pid")
             self._remote_routed.clear()
+            self._serving = False
             for m in self.replicas:
                 m.routed_at = None
             self._client = RouterClient(router.state["host"], router.state["port"], self.api_key)
@@ -227,8 +238,10 @@ class Fleet:
                 if url not in self._remote_routed:
                     self._client.add_worker(url)
                     self._remote_routed[url] = time.monotonic()
-                    self.record.event(EventKind.ROUTED, member=url, url=url)
-                    self.say(f"routing to {url} (served elsewhere; the router's health checks watch it)")
+                    if url not in self._announced:  # added again while the router cannot register it: said once
+                        self._announced.add(url)
+                        self.record.event(EventKind.ROUTED, member=url, url=url)
+                        self.say(f"routing to {url} (served elsewhere; the router's health checks watch it)")
             for m in self.replicas:
                 if m.ready and m.routed_at is None:
                     self._client.add_worker(m.url)
@@ -241,6 +254,8 @@ class Fleet:
                     status = m.state.get("status") if m.alive else "ended"
                     self.record.event(EventKind.UNROUTED, member=m.name, url=m.url, status=str(status))
                     self.say(f"{m.name} is not ready ({status}): taken out of the router")
+            if not self._serving:
+                self._serving = self._client.ready()
         except RouterError as exc:  # tried again on the next tick; the router's own probes decide its fate
             self.say(f"the router's worker API: {exc}")
 
@@ -251,6 +266,7 @@ class Fleet:
         if now - self._reconciled < RECONCILE_S:
             return
         self._reconciled = now
+        self._serving = self._client.ready()
         listed = {u.rstrip("/") for u in self._client.workers()}
         for m in self.replicas:
             if m.routed_at is not None and now - m.routed_at > REGISTER_GRACE_S and m.url not in listed:
@@ -304,21 +320,28 @@ class Fleet:
     def _stop_members(self) -> None:
         """The router, then the replicas: SIGTERM to each member's supervisor, which stops
         its server as `serve` does; a second stop signal is passed on (hurry)."""
+        began = min(len(self.stop_signals), 1)  # the signal that began the stop (none: giving up)
         for group in ([self.router] if self.router else [], self.replicas):
             live = [m for m in group if m.alive]
             if not live:
                 continue
             self._signal(live, signal.SIGTERM)
             deadline = time.monotonic() + self.stop_timeout_s + MEMBER_STOP_GRACE_S
-            hurried = len(self.stop_signals)
+            hurried: set[str] = set()
             while any(m.alive for m in live) and time.monotonic() < deadline:
+                if len(self.stop_signals) > began:  # another Ctrl-C, now or while an earlier group stopped
+                    # their second SIGTERM (hurry), once they have taken the first: two at once would be one
+                    taken = [
+                        m
+                        for m in live
+                        if m.alive and m.name not in hurried and m.state.get("status") == RunStatus.STOPPING
+                    ]
+                    self._signal(taken, signal.SIGTERM)
+                    hurried.update(m.name for m in taken)
                 self.host.wait(TICK_S)
                 self._reap()
                 for m in live:
                     self._read(m)
-                if len(self.stop_signals) > hurried:  # another Ctrl-C: the members hurry too
-                    hurried = len(self.stop_signals)
-                    self._signal([m for m in live if m.alive], signal.SIGTERM)
             for m in live:
                 if m.alive:  # its supervisor is stuck: SIGKILL; its server dies with it (PR_SET_PDEATHSIG)
                     self.say(f"{m.name}'s supervisor did not stop in time: SIGKILL")
@@ -334,6 +357,8 @@ class Fleet:
 
 
 def _meaning(code: int) -> str:
+    if code > 128:  # killed (the OOM killer, kill -9): its server died with it (PR_SET_PDEATHSIG)
+        return "its supervisor was killed; the replica is out of the fleet until the fleet is restarted"
     return {
         ExitCode.OK: "stopped clean",
         ExitCode.FINDINGS: "gave up (crash-loop limit) or failed its smoke",

@@ -325,6 +325,17 @@ def _flag_from_json(data: dict) -> Flag:
     return Flag(**{**data, "aliases": tuple(data["aliases"]), "choices": choices})
 
 
+def installed_schema(target, hint: str = "point sm120kit at the serving environment with --python EXE") -> FlagSchema:
+    """The flag schema of the sglang installed in the target (sm120kit.target.Target); a
+    UserError when there is none: a profile renders for the installed release."""
+    dist = target.find("sglang")
+    if dist is None:
+        raise UserError(
+            f"sglang is not installed in {target.description}: a profile renders for the installed release", hint
+        )
+    return read_schema(dist)
+
+
 def read_schema(dist) -> FlagSchema:
     """The flag schema of an installed sglang (a sm120kit.target.Distribution), read from its own
     files: site-packages, or the source tree of an editable install."""

@@ -621,6 +621,12 @@ class Profile(BaseModel):
             raise ValueError(f"fleet.router.port = {moved['port']!r} is not a port (1-65535)")
         if "host" in moved and (not isinstance(moved["host"], str) or not moved["host"]):
             raise ValueError(f"fleet.router.host = {moved['host']!r} is not an address")
+        for key, value in moved.items():  # both given (a --set of server.port, say): they must agree
+            if key in self.server.model_fields_set and getattr(self.server, key) != value:
+                raise ValueError(
+                    f"fleet.router.{key} = {value!r} and server.{key} = {getattr(self.server, key)!r}: a fleet's "
+                    f"address is its router's; give one of them"
+                )
         if moved:
             self.server = Server.model_validate({**self.server.model_dump(), **moved})
         s = self.server

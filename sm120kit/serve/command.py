@@ -92,29 +92,12 @@ def serve(profile, launch: Launch, target, options: ServeOptions, width: int | N
     """OK: stopped on request and clean; FINDINGS: gave up (crash-loop limit); ERROR:
     refused (the preflight); UNCLEAN: stopped, but a process or port of the server was
     left. The preflight is shown fitted to width (None: one line per check)."""
-    from filelock import FileLock, Timeout
-
     from sm120kit.node.checks.serving import port_plan
     from sm120kit.serve.machine import Policy, ServerSpec
     from sm120kit.serve.metrics import Member
     from sm120kit.serve.supervisor import Supervisor
 
-    directory = serve_root() / profile.name
-    try:
-        record = RunRecord(directory)
-        lock = FileLock(str(record.dir / "supervisor.lock"))
-        lock.acquire(timeout=0)
-    except Timeout:
-        pid = record_pid(record)
-        raise UserError(
-            f"profile {profile.name} is already being served" + (f" by supervisor pid {pid}" if pid else ""),
-            "`sm120kit ps` shows it; stop it with `kill -TERM <pid>` (or Ctrl-C in its terminal)",
-        ) from None
-    except OSError as exc:  # a full or read-only disk under the state directory
-        raise UserError(
-            f"cannot set up the run directory {directory}: {exc.strerror or exc}; nothing was started",
-            f"free space there, or point ${ENV_VAR} at another disk",
-        ) from None
+    record, lock = supervise(profile.name)
     key_file = record.dir / KEY_FILE
     try:
         if key_file.exists() or key_file.is_symlink():
@@ -197,6 +180,31 @@ def metrics_served(options: ServeOptions, profile, members):
         yield server
     finally:
         server.close()
+
+
+def supervise(name: str):
+    """(the run record of profile `name`, its supervisor lock, held): one supervisor per
+    profile, be it one server or a fleet. A UserError when another holds it, or the run
+    directory cannot be made."""
+    from filelock import FileLock, Timeout
+
+    directory = serve_root() / name
+    try:
+        record = RunRecord(directory)
+        lock = FileLock(str(record.dir / "supervisor.lock"))
+        lock.acquire(timeout=0)
+    except Timeout:
+        pid = record_pid(record)
+        raise UserError(
+            f"profile {name} is already being served" + (f" by supervisor pid {pid}" if pid else ""),
+            "`sm120kit ps` shows it; stop it with `kill -TERM <pid>` (or Ctrl-C in its terminal)",
+        ) from None
+    except OSError as exc:  # a full or read-only disk under the state directory
+        raise UserError(
+            f"cannot set up the run directory {directory}: {exc.strerror or exc}; nothing was started",
+            f"free space there, or point ${ENV_VAR} at another disk",
+        ) from None
+    return record, lock
 
 
 def _has_config_flag(target) -> bool:

@@ -63,7 +63,32 @@ def run(profile, launch: Launch, target, options: ServeOptions) -> Preflight:
     warned = f" ({len(launch.warnings)} warning(s) above)" if launch.warnings else ""
     rendered = Check("profile", Status.OK, f"renders for sglang {launch.sglang}{warned}")
     checks = [rendered, *registry.run(registry.PREFLIGHT, inputs, skipped)]
+    if options.metrics_port is not None:
+        from sm120kit.node.checks.serving import port_plan
+
+        taken = {port: what for what, _, port in port_plan(profile)}
+        checks.append(metrics_port(options.metrics_port, profile.server.host, taken))
     return Preflight(profile.name, launch.sglang, checks, list(launch.warnings), inputs.server_env)
+
+
+def metrics_port(port: int, host: str, taken: dict[int, str]) -> Check:
+    """--metrics-port: not a port of the server's own plan (the supervisor binds it first:
+    the server would fail on it), and free."""
+    if port in taken:
+        return Check(
+            "ports (metrics)",
+            Status.FAIL,
+            f"--metrics-port {port} is the server's too ({taken[port]})",
+            "give the metrics a port of their own: --metrics-port N (or server.metrics_port)",
+        )
+    if procs.port_in_use(host, port):
+        return Check(
+            "ports (metrics)",
+            Status.FAIL,
+            f"--metrics-port {port} is held by {procs.port_holder(port)}",
+            "stop what holds it, or give the metrics another port",
+        )
+    return Check("ports (metrics)", Status.OK, f"{port} is free")
 
 
 def header(profile: str, launch: Launch) -> None:
