@@ -168,6 +168,31 @@ def test_odd_words_are_escaped_and_verify_takes_them(tmp_path, cli):
 # -- the goldens --------------------------------------------------------------------------
 
 
+def test_description_paths_and_environment_are_written_as_systemd_reads_them(tmp_path, cli):
+    """A description with % and a newline, relative paths with spaces, $ and %: one line, no
+    specifier, no directive of its own; absolute paths; Environment= where $ means nothing."""
+    text = render(
+        cli,
+        "qwen3-30b-a3b-nvfp4-1gpu",
+        "--set",
+        'description="""Qwen 100%z fast\nUser=root"""',
+        "--set",
+        "server.api_key_env=MY_KEY",
+        "--env-file",
+        "rel dir/k%h.env",
+        "--state-dir",
+        "st $HOME/100%",
+        "--sm120kit",
+        SM120KIT,
+    )
+    done = verify(unit_at(tmp_path, text))
+    assert (done.returncode, done.stderr) == (0, "")
+    unit = settings(text)
+    assert "User" not in unit["Service"] and one(unit, "Unit", "Description").endswith("Qwen 100%%z fast User=root")
+    assert one(unit, "Service", "EnvironmentFile") == f"{Path.cwd()}/rel dir/k%%h.env"
+    assert one(unit, "Service", "Environment") == f'"SM120KIT_STATE_DIR={Path.cwd()}/st $HOME/100%%"'
+
+
 @pytest.mark.parametrize("file", GOLDENS)
 def test_golden_unit(file, cli):
     golden = GOLDEN / file
@@ -239,10 +264,12 @@ def test_the_budgets_come_from_the_profile(name, groups, cli):
     assert service["Restart"] == ["on-failure"]
     restart_s = profile.health.backoff_max_s
     assert service["RestartSec"] == [f"{restart_s:g}"]
-    # systemd's limit is over whole crash loops of serve: START_BURST of the fastest ones trip it
+    # systemd's limit is over whole crash loops of serve: after START_BURST of the fastest ones, the
+    # next start (one more loop later) still falls inside the window, and is refused
     window = float(one(unit, "Unit", "StartLimitIntervalSec"))
     assert one(unit, "Unit", "StartLimitBurst") == str(START_BURST)
-    assert window >= START_BURST * (give_up_floor_s(profile) + restart_s)
+    assert window >= (START_BURST + 1) * (give_up_floor_s(profile) + restart_s)
+    assert service["RestartPreventExitStatus"] == ["2"]  # refused (bad input, preflight): a restart mends nothing
     assert give_up_floor_s(profile) == 5 + 10 + 20 + 40  # 4 restarts, backoff doubling from 5 s
     # the start is the patch step and the exec; the load is serve's
     assert 0 < int(one(unit, "Service", "TimeoutStartSec")) < profile.health.startup_timeout_s
@@ -319,7 +346,7 @@ def test_a_multi_node_profile_renders_one_unit_per_rank(tmp_path, cli):
         (["glm5-nvfp4", *TWO_NODES, "--node-rank", "0"], "rendezvous port"),
         (["glm5-nvfp4", *TWO_NODES, "--set", "parallel.dist_init_addr=10.0.0.1", "--node-rank", "0"], "rendezvous"),
         (["glm5-nvfp4", *TWO_NODES, "--set", "parallel.dist_init_addr=10.0.0.1:5000"], "--node-rank"),
-        (["glm5-nvfp4", "--node-rank", "1"], "must be less than parallel.nnodes = 1"),
+        (["glm5-nvfp4", "--node-rank", "1"], "--node-rank is for multi-node profiles"),
         (["glm5-nvfp4", "--set", "patches=['no-such-patch']"], "no-such-patch"),
         (["glm5-nvfp4", "--image", "img"], "--image"),
         (["glm5-nvfp4", "--site", "/tmp"], "--site"),

@@ -3,6 +3,8 @@ manifests."""
 
 from __future__ import annotations
 
+import os
+
 from sm120kit.cli.args import command_parser, common_args, patch_dir_arg, profile_args, target_args
 from sm120kit.exit_codes import ExitCode
 
@@ -18,6 +20,10 @@ ONLY_FOR = {
     "state_dir": ("--state-dir", ("systemd", "docker")),
     "node_rank": ("--node-rank", ("systemd", "docker")),
     "site": ("--site", ("k8s",)),
+    # --python: this node's serving environment (systemd runs it; k8s reads its sglang's flags);
+    # --image-python: the interpreter inside the image (a container or a pod runs it)
+    "python": ("--python", ("systemd", "k8s")),
+    "image_python": ("--image-python", ("docker", "k8s")),
     "secret": ("--secret", ("k8s",)),
     "hf_cache_claim": ("--hf-cache-claim", ("k8s",)),
     "hf_cache_host_path": ("--hf-cache-host-path", ("k8s",)),
@@ -69,6 +75,12 @@ def register(sub) -> None:
         "(docker's default: the volume sm120kit-state)",
     )
     p.add_argument("--node-rank", type=int, metavar="N", help="systemd, docker: this node's rank, multi-node")
+    p.add_argument(
+        "--image-python",
+        metavar="EXE",
+        help="docker, k8s: the serving environment's interpreter inside the image (default: k8s python3; "
+        "docker: the one of the image's sm120kit)",
+    )
     p.add_argument("--secret", metavar="NAME", help="k8s: the Secret with the API key (default: NAME-api-key)")
     cache = p.add_mutually_exclusive_group()
     cache.add_argument(
@@ -105,21 +117,24 @@ def cmd_render(args) -> int:
     return {"systemd": _systemd, "docker": _docker, "k8s": _k8s}[args.target](args)
 
 
-def _deployment(args):
+def _deployment(args, python: str | None):
     from sm120kit.deploy import deployment
 
-    return deployment(args.name, args.profile_dir, args.sets, args.python, args.node_rank, args.patch_dir)
+    for option in ("env_file", "state_dir"):  # the unit runs in /, the container elsewhere: absolute paths
+        if getattr(args, option, None):
+            setattr(args, option, os.path.abspath(os.path.expanduser(getattr(args, option))))
+    return deployment(args.name, args.profile_dir, args.sets, python, args.node_rank, args.patch_dir)
 
 
 def _systemd(args) -> int:
-    import os
     import sys
     from pathlib import Path
 
     from sm120kit import report
     from sm120kit.deploy.systemd import UnitOptions, render_unit, unit_name
 
-    d = _deployment(args)
+    python = args.python and (os.path.abspath(os.path.expanduser(args.python)) if "/" in args.python else args.python)
+    d = _deployment(args, python)
     if args.sm120kit:
         exe = (os.path.abspath(os.path.expanduser(args.sm120kit)),)
     else:
@@ -138,7 +153,7 @@ def _docker(args) -> int:
     from sm120kit import report
     from sm120kit.deploy.docker import ContainerOptions, compose, compose_text, container, run_argv
 
-    c = container(_deployment(args), ContainerOptions(args.image, args.env_file, args.state_dir))
+    c = container(_deployment(args, args.image_python), ContainerOptions(args.image, args.env_file, args.state_dir))
     if args.json:
         report.emit_json({"target": "docker", "run": run_argv(c), "compose": compose(c)})
     else:
@@ -162,7 +177,7 @@ def _k8s(args) -> int:
         )
         if v is not None
     }
-    docs = render_k8s(profile, target, args.python or "python3", args.image, args.namespace, **chosen)
+    docs = render_k8s(profile, target, args.image_python or "python3", args.image, args.namespace, **chosen)
     if args.json:  # a kubectl List: `kubectl apply -f` takes it as it is
         report.emit_json({"apiVersion": "v1", "kind": "List", "items": docs})
     else:

@@ -90,8 +90,16 @@ def deployment(
     from sm120kit.profiles import loader
     from sm120kit.profiles.render import require_servable
 
-    all_sets = [*(sets or []), *([f"parallel.node_rank={node_rank}"] if node_rank is not None else [])]
-    profile = loader.load_profile(name, profile_dirs, all_sets)
+    profile = loader.load_profile(name, profile_dirs, sets)
+    if node_rank is not None:  # said as --node-rank, not as the --set it becomes
+        nodes = profile.parallel.nnodes
+        if not node_rank < nodes:
+            raise UserError(
+                f"--node-rank {node_rank}: profile {profile.name} spans parallel.nnodes = {nodes} node(s)"
+                + (f", ranks 0 .. {nodes - 1}" if nodes > 1 else ": --node-rank is for multi-node profiles"),
+                f"render {'without --node-rank' if nodes == 1 else f'with --node-rank 0 .. {nodes - 1}'}",
+            )
+        profile = loader.load_profile(name, profile_dirs, [*(sets or []), f"parallel.node_rank={node_rank}"])
     require_servable(profile)
     if profile.fleet is not None:
         from sm120kit.fleet.plan import plan

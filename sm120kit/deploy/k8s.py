@@ -43,6 +43,7 @@ from sm120kit.profiles.render import EnvRef, Launch
 GPU = "nvidia.com/gpu"
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 LWS_LEADER_ADDRESS = "LWS_LEADER_ADDRESS"  # "<lws>-<group>.<subdomain>.<namespace>"
+LEADER = "sm120kit-lws-leader-address"  # a stand-in for the leader's address while the argv renders
 LWS_WORKER_INDEX = "LWS_WORKER_INDEX"  # 0 for the leader, 1 .. size-1 for the workers
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 HEALTH_PATH = "/health_generate"  # sglang answers it without the API key (utils/auth.py: /health*)
@@ -53,6 +54,7 @@ KEY_FILE = f"{KEY_DIR}/api-key.yaml"
 SECRET_KEY = "api-key"  # the key inside the Secret
 DEFAULT_KEY_ENV = "SGLANG_API_KEY"  # the variable a profile without server.api_key_env gets in a pod
 QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")  # what /dev/shm's sizeLimit takes
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # RFC 1123: a namespace's name
 DEFAULT_SHM = "32Gi"  # sglang's own docker instructions: --shm-size 32g
 DEFAULT_CLAIM = "hf-cache"
 SERVER_CONTAINER = "sglang"
@@ -78,6 +80,18 @@ def render_k8s(
         raise UserError("render k8s needs the image the pods run", "add --image IMAGE (sglang, sm120kit installed)")
     if not QUANTITY.fullmatch(shm_size):
         raise UserError(f"--shm-size {shm_size!r} is not a Kubernetes quantity", "give one such as 32Gi or 64Gi")
+    if any(c.isspace() for c in image):
+        raise UserError(f"--image {image!r} holds a space: not an image reference", "give REGISTRY/NAME:TAG")
+    if namespace is not None and not DNS_LABEL.fullmatch(namespace):
+        raise UserError(
+            f"--namespace {namespace!r} is not a namespace name (lowercase letters, digits and '-', at most 63)",
+            "give the namespace as kubectl lists it: kubectl get namespaces",
+        )
+    if hf_cache_host_path is not None and not hf_cache_host_path.startswith("/"):
+        raise UserError(
+            f"--hf-cache-host-path {hf_cache_host_path!r} is not an absolute path (a node's directory)",
+            "give the directory's absolute path on the node",
+        )
     profile = _in_a_pod(profile)
     if profile.parallel.nnodes > 1 and profile.fleet is None:
         rendezvous_port(profile)  # a UserError before anything is rendered
@@ -192,8 +206,10 @@ def entrypoint(patches: list[str], key_env: str | None, config_flag: bool) -> st
 
 
 def argv_words(argv: list) -> list[str]:
-    """A launch's argv as pod args: the key stays "$NAME" (the entrypoint replaces it)."""
-    return [f"${a.name}" if isinstance(a, EnvRef) else a for a in argv]
+    """A launch's argv as pod args: the key stays "$NAME" (the entrypoint replaces it); a
+    value's own "$" is written "$$", which kubelet turns back into "$" (it would read
+    "$(X)" as a variable)."""
+    return [f"${a.name}" if isinstance(a, EnvRef) else a.replace("$", "$$") for a in argv]
 
 
 STARTUP_WINDOW = "worker_startup_timeout_secs"
@@ -220,8 +236,8 @@ class _K8s:
             "app.kubernetes.io/part-of": self.base,
             "app.kubernetes.io/managed-by": "sm120kit",
         }
-        if version:
-            labels["app.kubernetes.io/version"] = version
+        if version:  # a label value: [A-Za-z0-9._-], at most 63 (a local build's "0.5.23+cu128")
+            labels["app.kubernetes.io/version"] = re.sub(r"[^A-Za-z0-9._-]", "-", version)[:63].strip("-._")
         return labels
 
     def meta(self, name: str, labels: dict) -> dict:
@@ -271,9 +287,11 @@ class _K8s:
             env.append({"name": key_env, "valueFrom": {"secretKeyRef": {"name": self.secret, "key": SECRET_KEY}}})
         return env
 
-    def server_pod(self, labels: dict, launch: Launch, argv: list[str], serves: bool, gpus: int) -> dict:
+    def server_pod(
+        self, labels: dict, launch: Launch, argv: list[str], serves: bool, gpus: int, port: int | None = None
+    ) -> dict:
         """The pod template of one sglang process (one node of it, with its GPUs): serves =
-        it answers HTTP."""
+        it answers HTTP, on port (default server.port: a fleet's replica has its own)."""
         hf_home = self.p.env.get("HF_HOME", HF_CACHE)
         key_env = self.p.server.api_key_env
         container = {
@@ -284,7 +302,7 @@ class _K8s:
             "env": self.env(launch, drop=("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")),
         }
         if serves:
-            container["ports"] = [{"name": "http", "containerPort": self.p.server.port, "protocol": "TCP"}]
+            container["ports"] = [{"name": "http", "containerPort": port or self.p.server.port, "protocol": "TCP"}]
             container |= self.probes()
         container["resources"] = {"limits": {GPU: gpus}}
         mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "hf-cache", "mountPath": hf_home}]
@@ -356,13 +374,15 @@ class _K8s:
 
     def multi_node(self, target, python: str) -> list[dict]:
         port = rendezvous_port(self.p)
-        addr = f"$({LWS_LEADER_ADDRESS}):{port}"
+        addr = f"{LEADER}:{port}"  # kubelet's $(LWS_LEADER_ADDRESS), put in after argv_words escapes "$"
         parallel = self.p.parallel.model_copy(update={"node_rank": 0, "dist_init_addr": addr})
         leader = _render(self.p.model_copy(update={"parallel": parallel}), target, python)
         worker = _render(
             self.p.model_copy(update={"parallel": parallel.model_copy(update={"node_rank": 1})}), target, python
         )
-        worker_argv = argv_words(worker.argv)
+        leader_argv, worker_argv = (
+            [w.replace(LEADER, f"$({LWS_LEADER_ADDRESS})") for w in argv_words(r.argv)] for r in (leader, worker)
+        )
         worker_argv[worker_argv.index("--node-rank") + 1] = f"$({LWS_WORKER_INDEX})"
         labels = self.labels(self.base, "server", version=leader.sglang)
         lws = {
@@ -376,13 +396,15 @@ class _K8s:
                 "leaderWorkerTemplate": {
                     "size": self.p.parallel.nnodes,
                     "restartPolicy": "RecreateGroupOnPodRestart",  # one rank lost: restart the server
-                    "leaderTemplate": self.server_pod(labels, leader, argv_words(leader.argv), True, self.p.node.gpus),
+                    "leaderTemplate": self.server_pod(labels, leader, leader_argv, True, self.p.node.gpus),
                     "workerTemplate": self.server_pod(labels, worker, worker_argv, False, self.p.node.gpus),
                 },
             },
         }
         selector = {**self.selector(labels), LWS_WORKER_INDEX_LABEL: "0"}
-        return [self.service(self.base, labels, selector, self.p.server.port), lws]
+        # not the LWS's own name: LWS makes a headless Service of that name (its pods' subdomain,
+        # behind LWS_LEADER_ADDRESS) only when none exists
+        return [self.service(f"{self.base}-leader", labels, selector, self.p.server.port), lws]
 
     def fleet(self, target, python: str) -> list[dict]:
         from sm120kit.fleet.launch import render_fleet
@@ -396,7 +418,7 @@ class _K8s:
         where = f".{self.namespace}" if self.namespace else ""
         urls = [f"http://{name}-{i}.{name}{where}:{first.port}" for i in range(len(in_cluster))]
         urls += [r.url for r in fleet.plan.replicas if r.port is None]
-        pod = self.server_pod(labels, launch, argv_words(launch.argv), True, len(first.gpus))
+        pod = self.server_pod(labels, launch, argv_words(launch.argv), True, len(first.gpus), port=first.port)
         replicas = {
             "apiVersion": "apps/v1",
             "kind": "StatefulSet",
@@ -411,8 +433,12 @@ class _K8s:
         }
         key_env = self.p.server.api_key_env
         router_argv = self.router_argv(target, python, fleet.plan, urls)
-        if key_env:  # the router has no config file: kubelet puts the Secret's value in its argv
-            router_argv += ["--api-key", f"$({key_env})"]
+        if key_env:  # no config file for the router: the key from its environment, as the fleet starts it
+            from sm120kit.fleet.member import ROUTER_KEY_ENV, ROUTER_WITH_KEY
+
+            module = router_argv.index("-m")
+            run = [*router_argv[:module], "-c", ROUTER_WITH_KEY, *router_argv[module + 2 :]]
+            router_argv = [python, "-m", "sm120kit.serve.scrub", ROUTER_KEY_ENV, "--", *run]
         rlabels = self.labels(router_name, "router", name="sglang-router", version=fleet.router_version)
         router_container = {
             "name": "router",
@@ -422,7 +448,7 @@ class _K8s:
         }
         if key_env:
             router_container["env"] = [
-                {"name": key_env, "valueFrom": {"secretKeyRef": {"name": self.secret, "key": SECRET_KEY}}}
+                {"name": ROUTER_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": self.secret, "key": SECRET_KEY}}}
             ]
         h = self.p.health
         common = {"periodSeconds": _seconds(h.probe_interval_s), "timeoutSeconds": _seconds(h.probe_timeout_s)}

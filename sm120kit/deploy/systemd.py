@@ -51,11 +51,14 @@ def render_unit(d: Deployment, o: UnitOptions) -> str:
     key = s.api_key_env
     env_file = o.env_file or (default_env_file(d, o.user_unit) if key else None)
     restart_s = h.backoff_max_s
-    window_s = START_BURST * (give_up_floor_s(p) + restart_s)
+    # systemd refuses a start when START_BURST came within the window before it: the window
+    # must hold START_BURST + 1 of serve's fastest crash loops, or the last start always falls out
+    window_s = (START_BURST + 1) * (give_up_floor_s(p) + restart_s)
     manager, scope, target = ("systemctl --user", "~/.config/systemd/user", "default.target")
     if not o.user_unit:
         manager, scope, target = ("sudo systemctl", "/etc/systemd/system", "multi-user.target")
     what = p.description or (p.model.served_name or p.model.path or p.name)
+    what = " ".join(what.split()).replace("%", "%%")  # one line (a newline would start a directive), no specifier
 
     lines = [
         f"# {name}: `sm120kit serve {d.ref}` under systemd (`sm120kit render systemd`).",
@@ -71,9 +74,10 @@ def render_unit(d: Deployment, o: UnitOptions) -> str:
         f"Description=sm120kit serve {p.name}: {what}",
         *([] if o.user_unit else ["Wants=network-online.target", "After=network-online.target"]),
         f"# serve restarts sglang itself (health.max_restarts = {h.max_restarts} in a row, then it exits 1);",
-        f"# systemd restarts serve: at most {START_BURST} starts in {seconds(window_s)} s, that is "
-        f"{START_BURST} of its crash loops",
-        f"# back to back ({seconds(give_up_floor_s(p))} s of backoff each, at the least, + RestartSec).",
+        f"# systemd restarts serve: at most {START_BURST} starts in {seconds(window_s)} s, room for "
+        f"{START_BURST + 1} of its fastest crash loops",
+        f"# back to back ({seconds(give_up_floor_s(p))} s of backoff each + RestartSec); a slower loop (a long load "
+        "before each death) restarts on.",
         f"StartLimitIntervalSec={seconds(window_s)}",
         f"StartLimitBurst={START_BURST}",
         "",
@@ -86,10 +90,11 @@ def render_unit(d: Deployment, o: UnitOptions) -> str:
             f"User={o.unit_user}",
         ]
     if o.state_dir:
-        lines.append(f"Environment={_word('SM120KIT_STATE_DIR=' + o.state_dir)}")
+        lines.append(f"Environment={_word('SM120KIT_STATE_DIR=' + o.state_dir, dollar=False)}")
     if env_file:
         holds = f"{key}=... (the API key, server.api_key_env)" if key else "NAME=value lines"
-        lines += [f"# {holds}; mode 0600: never in this file", f"EnvironmentFile={env_file}"]
+        path = env_file if env_file == default_env_file(d, o.user_unit) else env_file.replace("%", "%%")
+        lines += [f"# {holds}; mode 0600: never in this file", f"EnvironmentFile={path}"]
     patch = d.patch_argv(exe)
     if patch is None:
         lines.append(f"# profile {p.name} needs no patches: no patch step")
@@ -110,6 +115,8 @@ def render_unit(d: Deployment, o: UnitOptions) -> str:
         f"TimeoutStopSec={stop_budget_s(p)}",
         "Restart=on-failure",
         f"RestartSec={seconds(restart_s)}",
+        "# exit 2: serve refused (bad input, a failed preflight such as a missing key): no restart mends that",
+        "RestartPreventExitStatus=2",
         "# As `sm120kit doctor` wants them"
         + (" (a user manager raises them as far as its own hard limits allow)." if o.user_unit else "."),
         f"LimitNOFILE={NOFILE_GOOD}",
@@ -125,13 +132,15 @@ def render_unit(d: Deployment, o: UnitOptions) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _word(word: str) -> str:
+def _word(word: str, dollar: bool = True) -> str:
     """One word of a unit's command line: `%` and `$` escaped (no specifier or variable is
-    meant), quoted when it holds anything but the plain characters."""
-    word = word.replace("%", "%%").replace("$", "$$")
+    meant), quoted when it holds anything but the plain characters. dollar=False for
+    Environment=, where `$` means nothing (systemd.exec) and `$$` would stay two."""
+    word = word.replace("%", "%%").replace("$", "$$") if dollar else word.replace("%", "%%")
     if SAFE_WORD.fullmatch(word.replace("%%", "").replace("$$", "")):
         return word
-    return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    quoted = word.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return f'"{quoted}"'  # systemd reads C escapes inside quotes: a newline stays in the word
 
 
 def _command(argv: list[str]) -> str:
