@@ -139,9 +139,8 @@ def check_release(release: Release, site: Path, profiles: list[str]) -> None:
         code, doc = run_cli("profile", "check", name, "--site", site)
         if code == 0:
             warnings = len(doc.get("warnings", []))
-            release.profiles[name] = f"ok ({len(doc.get('argv', [])) - 3} args" + (
-                f", {warnings} warning(s))" if warnings else ")"
-            )
+            argv = doc["argv"] if "argv" in doc else doc["replicas"][0]["argv"]  # a fleet: a replica's
+            release.profiles[name] = f"ok ({len(argv) - 3} args" + (f", {warnings} warning(s))" if warnings else ")")
         else:
             release.profiles[name] = f"error: {doc.get('error', f'exit {code}')}"
 

@@ -108,17 +108,20 @@ class Fleet:
         wait_for(f"replica {url} ready", lambda: get(port, "/health")[0] == 200)
         return url
 
-    def start_router(self, schema: RouterSchema, urls: list[str], **options) -> RouterClient:
+    def start_router(
+        self, schema: RouterSchema, urls: list[str], api_key: str | None = None, **options
+    ) -> RouterClient:
         self.router_port = free_port()
         # the router always runs a Prometheus exporter (default 0.0.0.0:29000): a free port of its own
         options = {"prometheus_port": free_port(), "log_level": "warn", **options}
         argv = router_argv(
             sys.executable, schema, options, host=HOST, port=self.router_port, worker_urls=urls, source="test"
         )
+        argv += ["--api-key", api_key] if api_key else []  # never a profile's option (router_argv refuses it)
         with open(self.tmp / "router.log", "ab") as out:  # the child keeps its own copy
             self.router = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append(self.router)
-        client = RouterClient(HOST, self.router_port, api_key=options.get("api_key"))
+        client = RouterClient(HOST, self.router_port, api_key=api_key)
         wait_for("the router's liveness", lambda: get(self.router_port, LIVENESS_PATH)[0] == 200)
         # registered (listed), then marked healthy: a moment apart
         wait_for("every worker registered and healthy", lambda: client.health() == dict.fromkeys(urls, True))
@@ -286,6 +289,8 @@ def test_the_argv_carries_the_profile_options(schema):
         ({"port": 1}, "fleet.router.port: sm120kit sets --port itself"),
         ({"worker_urls": ["http://x:1"]}, "fleet.router.worker_urls: sm120kit sets --worker-urls itself"),
         ({"prefill": ["http://x:1"]}, "fleet.router.prefill: --prefill takes repeated groups"),
+        ({"api_key": "literal"}, "fleet.router.api_key: a key does not belong in a profile"),
+        ({"prometheus_port": 70000}, "fleet.router.prometheus_port = 70000 is not a port (1-65535)"),
     ],
 )
 def test_a_bad_router_option_names_the_file_the_key_and_the_release(schema, options, said):

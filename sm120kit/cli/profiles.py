@@ -112,10 +112,10 @@ def cmd_profile_show(args) -> int:
     return ExitCode.OK
 
 
-def render_launch(args):
+def render_launch(args, router_optional: bool = False):
     """(profile, its launch rendered for the target's sglang, the target)."""
     profile, target = load_for(args)
-    return profile, render_for(args, profile, target), target
+    return profile, render_for(args, profile, target, router_optional), target
 
 
 def load_for(args):
@@ -132,7 +132,7 @@ def load_for(args):
     return profile, resolve_target(args.python, args.site)
 
 
-def render_for(args, profile, target):
+def render_for(args, profile, target, router_optional: bool = False):
     """The profile's launch rendered for the sglang installed in the target (--python /
     --site): what `profile check`, `serve` and `bench --serve` run. A fleet profile: its
     FleetLaunch (the replicas' launches and the router's argv; serve's --router-only and
@@ -146,7 +146,7 @@ def render_for(args, profile, target):
 
         part = Mode.ROUTER_ONLY if getattr(args, "router_only", False) else Mode.ALL
         part = Mode.REPLICAS_ONLY if getattr(args, "replicas_only", False) else part
-        return render_fleet(profile, target, python, part)
+        return render_fleet(profile, target, python, part, router_optional)
     return render(profile, installed_schema(target), python)
 
 
@@ -154,16 +154,17 @@ def cmd_profile_check(args) -> int:
     from sm120kit import report
     from sm120kit.fleet.launch import FleetLaunch
 
-    _, launch, _ = render_launch(args)
+    _, launch, _ = render_launch(args, router_optional=True)  # a fleet's replicas are checked without a router
     if args.json:
         report.emit_json({"profile": args.name, "ok": True, **launch.as_json()})
         return ExitCode.OK
     report.print_warnings(launch.warnings, getattr(args, "wide", False))
     if isinstance(launch, FleetLaunch):
         one = next(iter(launch.replicas.values()))
+        router = f"sglang-router {launch.router_version}" if launch.router else "a router not checked here"
         print(
             f"profile {args.name}: ok, a fleet of {len(launch.plan.replicas)} replica(s) for sglang {one.sglang} "
-            f"({len(one.argv) - 3} arguments each) behind sglang-router {launch.router_version}"
+            f"({len(one.argv) - 3} arguments each) behind {router}"
         )
         return ExitCode.OK
     print(f"profile {args.name}: ok for sglang {launch.sglang} ({len(launch.argv) - 3} arguments)")

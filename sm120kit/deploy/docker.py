@@ -10,7 +10,7 @@ with `-p 127.0.0.1:PORT:PORT` instead would make sglang bind the container's own
 another argv, and a public bind the profile did not ask for.
 
 The image holds `sh`, sglang (sglang-router for a fleet) and sm120kit in the serving
-environment, on PATH (or --python names that environment's python). The host runs the
+environment, on PATH (or --image-python names that environment's python). The host runs the
 NVIDIA Container Toolkit (`--gpus`)."""
 
 from __future__ import annotations

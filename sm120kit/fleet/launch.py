@@ -66,9 +66,10 @@ class FleetLaunch:
         return "\n\n".join(blocks)
 
 
-def render_fleet(profile, target, python: str, mode: Mode = Mode.ALL) -> FleetLaunch:
+def render_fleet(profile, target, python: str, mode: Mode = Mode.ALL, router_optional: bool = False) -> FleetLaunch:
     """The fleet's commands for the target's sglang and sglang-router; a UserError (exit 2,
-    nothing started) for a layout or an option that cannot be."""
+    nothing started) for a layout or an option that cannot be. router_optional (`profile
+    check`): without sglang-router in the target, the replicas alone, and a warning."""
     from sm120kit.fleet.router import SUPPORTED, read_router_schema, router_argv
     from sm120kit.profiles.flags import installed_schema
 
@@ -90,6 +91,12 @@ def render_fleet(profile, target, python: str, mode: Mode = Mode.ALL) -> FleetLa
     router, version, router_ports = None, None, []
     if mode is not Mode.REPLICAS_ONLY:
         schema = read_router_schema(target)
+        if schema is None and router_optional:
+            warnings.append(
+                f"sglang-router is not installed in {target.description}: the router's options were not checked "
+                f"(`serve` needs it: pip install 'sglang-router{SUPPORTED}')"
+            )
+            return FleetLaunch(layout, mode, replicas, None, None, config_flag, [], warnings)
         if schema is None:
             raise UserError(
                 f"sglang-router is not installed in {target.description}: a fleet runs sglang's own router",

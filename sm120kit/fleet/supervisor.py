@@ -90,9 +90,8 @@ class Fleet:
     def members(self) -> list[Member]:
         return [*self.replicas, *([self.router] if self.router else [])]
 
-    def say(self, text: str, who: str = "fleet") -> None:
-        at = time.strftime("%H:%M:%S")
-        self.out.write(f"[{who} {at}] {text}\n")
+    def say(self, text: str) -> None:
+        self.out.write(f"[fleet {time.strftime('%H:%M:%S')}] {text}\n")
         self.out.flush()
 
     # -- the loop ----------------------------------------------------------------------
