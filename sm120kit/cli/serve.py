@@ -146,7 +146,7 @@ def _serve_fleet(args, profile, fleet, target) -> int:
         return command.serve_fleet(fleet, target, options, width)
     checked = command.run_preflight(fleet, target, options)
     if args.json:
-        report.emit_json(checked.as_json(profile.name))
+        report.emit_json(checked.as_json())
     else:
         command.show_plan(fleet)
         preflight.show(checked, width)

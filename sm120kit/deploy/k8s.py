@@ -95,7 +95,9 @@ def render_k8s(
     profile = _in_a_pod(profile)
     if profile.parallel.nnodes > 1 and profile.fleet is None:
         rendezvous_port(profile)  # a UserError before anything is rendered
-    k = _K8s(profile, image, namespace, secret, hf_cache_claim, hf_cache_host_path, shm_size, _has_config_flag(target))
+    from sm120kit.serve.command import has_config_flag
+
+    k = _K8s(profile, image, namespace, secret, hf_cache_claim, hf_cache_host_path, shm_size, has_config_flag(target))
     if profile.fleet is not None:
         return k.fleet(target, python)
     if profile.parallel.nnodes > 1:
@@ -168,13 +170,6 @@ def _render(profile, target, python: str) -> Launch:
 
     hint = "render for the image's release: point sm120kit at an environment with that sglang (--python EXE)"
     return render(profile, installed_schema(target, hint), python)
-
-
-def _has_config_flag(target) -> bool:
-    from sm120kit.profiles.flags import read_schema
-
-    dist = target.find("sglang")
-    return dist is not None and read_schema(dist).get("--config") is not None
 
 
 def entrypoint(patches: list[str], key_env: str | None, config_flag: bool) -> str:

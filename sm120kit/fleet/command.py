@@ -5,8 +5,6 @@ router's port), then the fleet in the foreground until a stop signal or giving u
 from __future__ import annotations
 
 import dataclasses
-import sys
-from dataclasses import dataclass
 
 from sm120kit.exit_codes import ExitCode
 from sm120kit.fleet.launch import FleetLaunch
@@ -16,59 +14,24 @@ from sm120kit.serve import preflight
 from sm120kit.serve.command import ServeOptions, metrics_served, supervise
 from sm120kit.serve.probe import probe_host
 from sm120kit.serve.rundir import RunRecord
-from sm120kit.serve.status import EventKind
 
 SHARED_CHECKS = ("api key", "patches", "stale processes")  # once for the fleet
 REPLICA_CHECKS = ("gpus", "ports")  # for each replica served here
 
 
-@dataclass(frozen=True)
-class FleetPreflight:
-    checks: list[Check]
-    env: dict[str, str]  # ours, with the profile's on top
-
-    @property
-    def failed(self) -> list[Check]:
-        return [c for c in self.checks if c.status is Status.FAIL]
-
-    @property
-    def exit_code(self) -> ExitCode:
-        return ExitCode.FINDINGS if self.failed else ExitCode.OK
-
-    def as_json(self, profile: str) -> dict:
-        return {"profile": profile, "checks": [c.as_json() for c in self.checks], "exit_code": int(self.exit_code)}
-
-
-def run_preflight(fleet: FleetLaunch, target, options: ServeOptions) -> FleetPreflight:
+def run_preflight(fleet: FleetLaunch, target, options: ServeOptions) -> preflight.Preflight:
     from sm120kit.node import registry, snapshot
-    from sm120kit.serve import procs, rundir
 
     node = snapshot.live(target, pairs=False)
-    skipped = {"patches": "--no-patch-check"} if not options.patch_check else {}
-    skipped |= {"gpus": "--no-gpu-check"} if not options.gpu_check else {}
+    off = preflight.skipped(options)
     profile = fleet.plan.profile
-
-    def inputs(p, **more):
-        return registry.CheckInputs(
-            node,
-            p,
-            patch_dirs=options.patch_dirs,
-            patch_ids=tuple(p.patches),
-            allow_missing=options.allow_missing,
-            processes=procs,
-            runs=rundir.runs,
-            debug=options.debug,
-            **more,
-        )
-
     here = fleet.plan.here if fleet.replicas else []
     checks = [Check("profile", Status.OK, _rendered(fleet))]
     shared = [c for c in SHARED_CHECKS if here or c == "api key"]  # a router alone loads no patch, runs no sglang
-    checks += registry.run(
-        tuple(shared), inputs(here[0].profile if here else profile, kill_stale=options.kill_stale), skipped
-    )
+    first = here[0].profile if here else profile
+    checks += registry.run(tuple(shared), preflight.check_inputs(node, first, options, options.kill_stale), off)
     for r in here:
-        for c in registry.run(REPLICA_CHECKS, inputs(r.profile), skipped):
+        for c in registry.run(REPLICA_CHECKS, preflight.check_inputs(node, r.profile, options), off):
             checks.append(dataclasses.replace(c, id=f"{c.id} ({r.name})"))
     if fleet.router is not None:
         checks.append(_router_port(fleet))
@@ -78,7 +41,8 @@ def run_preflight(fleet: FleetLaunch, target, options: ServeOptions) -> FleetPre
         taken = {port: f"{r.name}'s {what}" for r in here for what, _, port in port_plan(r.profile)}
         taken |= {port: f"the router's {what}" for what, _, port in fleet.router_ports}
         checks.append(preflight.metrics_port(options.metrics_port, profile.server.host, taken))
-    return FleetPreflight(checks, {**node.env, **profile.env})
+    sglang = next(iter(fleet.replicas.values())).sglang if fleet.replicas else ""
+    return preflight.Preflight(profile.name, sglang, checks, list(fleet.warnings), {**node.env, **profile.env})
 
 
 def _rendered(fleet: FleetLaunch) -> str:
@@ -120,14 +84,7 @@ def serve_fleet(fleet: FleetLaunch, target, options: ServeOptions, width: int | 
     try:
         show_plan(fleet)
         checked = run_preflight(fleet, target, options)
-        preflight.show(checked, width)
-        record.event(EventKind.PREFLIGHT, ok=not checked.failed, checks=[c.as_json() for c in checked.checks])
-        if checked.failed:
-            print(
-                f"sm120kit: refusing to start {profile.name}: {len(checked.failed)} preflight check(s) failed "
-                "(see above)",
-                file=sys.stderr,
-            )
+        if preflight.refused(checked, record, width):
             return ExitCode.ERROR
         replicas = [_replica_member(fleet, r, record, options) for r in fleet.plan.here if r.name in fleet.replicas]
         router = _router_member(fleet, record) if fleet.router is not None else None

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +16,6 @@ from sm120kit.profiles.render import EnvRef, Launch
 from sm120kit.serve import preflight
 from sm120kit.serve.probe import probe_host
 from sm120kit.serve.rundir import ENV_VAR, RunRecord, serve_root
-from sm120kit.serve.status import EventKind
 
 KEY_FILE = "api-key.yaml"  # the API key for sglang's --config, in the private run directory
 
@@ -105,18 +103,11 @@ def serve(profile, launch: Launch, target, options: ServeOptions, width: int | N
             print(f"removed the API key file that a killed supervisor left behind: {key_file}")
         preflight.header(profile.name, launch)
         checked = preflight.run(profile, launch, target, options)
-        preflight.show(checked, width)
-        record.event(EventKind.PREFLIGHT, ok=not checked.failed, checks=[c.as_json() for c in checked.checks])
-        if checked.failed:
-            print(
-                f"sm120kit: refusing to start {profile.name}: {len(checked.failed)} preflight check(s) failed "
-                "(see above)",
-                file=sys.stderr,
-            )
+        if preflight.refused(checked, record, width):
             return ExitCode.ERROR
         env = checked.env
         try:
-            argv, shown, key = resolve_argv(launch, env, key_file if _has_config_flag(target) else None)
+            argv, shown, key = resolve_argv(launch, env, key_file if has_config_flag(target) else None)
         except OSError as exc:
             raise UserError(
                 f"cannot write the API key file {key_file}: {exc.strerror or exc}; nothing was started",
@@ -207,7 +198,8 @@ def supervise(name: str):
     return record, lock
 
 
-def _has_config_flag(target) -> bool:
+def has_config_flag(target) -> bool:
+    """The installed sglang reads `--config FILE` (the API key goes in a file, not argv)."""
     from sm120kit.profiles.flags import read_schema
 
     dist = target.find("sglang")

@@ -6,6 +6,7 @@ sglang processes it found (and says which)."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ from sm120kit.exit_codes import ExitCode
 from sm120kit.node import registry, render, snapshot
 from sm120kit.node.check import Check, Status
 from sm120kit.serve import procs, rundir
+from sm120kit.serve.status import EventKind
 
 if TYPE_CHECKING:
     from sm120kit.profiles.render import Launch
@@ -46,23 +48,32 @@ class Preflight:
         }
 
 
-def run(profile, launch: Launch, target, options: ServeOptions) -> Preflight:
-    inputs = registry.CheckInputs(
-        snapshot.live(target, pairs=False),
+def check_inputs(node, profile, options: ServeOptions, kill_stale: bool = False) -> registry.CheckInputs:
+    """What serve's checks look at, for one server's profile (a fleet: each replica's)."""
+    return registry.CheckInputs(
+        node,
         profile,
         patch_dirs=options.patch_dirs,
         patch_ids=tuple(profile.patches),
         allow_missing=options.allow_missing,
-        kill_stale=options.kill_stale,
+        kill_stale=kill_stale,
         processes=procs,
         runs=rundir.runs,
         debug=options.debug,
     )
-    skipped = {"patches": "--no-patch-check"} if not options.patch_check else {}
-    skipped |= {"gpus": "--no-gpu-check"} if not options.gpu_check else {}
+
+
+def skipped(options: ServeOptions) -> dict[str, str]:
+    """The checks the options turn off, with the option that did."""
+    off = {"patches": "--no-patch-check"} if not options.patch_check else {}
+    return off | ({"gpus": "--no-gpu-check"} if not options.gpu_check else {})
+
+
+def run(profile, launch: Launch, target, options: ServeOptions) -> Preflight:
+    inputs = check_inputs(snapshot.live(target, pairs=False), profile, options, options.kill_stale)
     warned = f" ({len(launch.warnings)} warning(s) above)" if launch.warnings else ""
     rendered = Check("profile", Status.OK, f"renders for sglang {launch.sglang}{warned}")
-    checks = [rendered, *registry.run(registry.PREFLIGHT, inputs, skipped)]
+    checks = [rendered, *registry.run(registry.PREFLIGHT, inputs, skipped(options))]
     if options.metrics_port is not None:
         from sm120kit.node.checks.serving import port_plan
 
@@ -101,3 +112,16 @@ def header(profile: str, launch: Launch) -> None:
 def show(preflight: Preflight, width: int | None) -> None:
     """Each check (under the header), and the fix of each that is not ok."""
     print("\n".join(render.listing(preflight.checks, width)), flush=True)
+
+
+def refused(checked: Preflight, record, width: int | None) -> bool:
+    """Show the checks and record them; True (said on stderr) when one failed: nothing starts."""
+    show(checked, width)
+    record.event(EventKind.PREFLIGHT, ok=not checked.failed, checks=[c.as_json() for c in checked.checks])
+    if checked.failed:
+        print(
+            f"sm120kit: refusing to start {checked.profile}: {len(checked.failed)} preflight check(s) failed "
+            "(see above)",
+            file=sys.stderr,
+        )
+    return bool(checked.failed)
