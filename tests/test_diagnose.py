@@ -42,6 +42,8 @@ def test_triton_shared_memory_names_the_kernel(required, kernel):
         ),
         ("RuntimeError: No supported CUDA architectures found for major versions [10].", "flashinfer-no-arch"),
         ("RuntimeError: CUDA error: an illegal instruction was encountered", "illegal-instruction"),
+        ("RuntimeError: CUDA error: an illegal memory access was encountered", "illegal-memory-access"),
+        ("RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered", "illegal-memory-access"),
         (
             "OSError: [Errno 98] error while attempting to bind on address ('127.0.0.1', 30000): "
             "Address already in use",

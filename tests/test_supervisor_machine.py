@@ -389,6 +389,23 @@ def test_death_after_ready_restarts(tmp_path):
     assert len(done.record.read("ready")) == 2
 
 
+@pytest.mark.parametrize(("max_restarts", "code"), [(2, ExitCode.OK), (0, ExitCode.FINDINGS)])
+def test_a_death_seen_with_a_stop_signal_is_recorded_as_a_death(tmp_path, max_restarts, code):
+    """It died, and the stop came before the supervisor woke (bench's stop right after the
+    level that killed it): a death, not a clean stop; then the stop, or the crash-loop limit."""
+    world = World(Script(log=((4.9, ILLEGAL),), dies_at=5.0, wait_status=1 << 8))
+    world.signal(5.0, signal.SIGTERM)
+    done = supervise(tmp_path, world, max_restarts=max_restarts)
+    assert done.code == code
+    [died] = done.record.read("died")
+    assert died["ready"] and died["exit_code"] == 1 and died["diagnoses"][0]["id"] == "illegal-instruction"
+    assert len(world.servers) == 1 and done.record.state_json()["server_pid"] is None
+    if max_restarts:
+        assert "stopped on SIGTERM: no server was running" in done.out
+    else:
+        assert done.record.read("gave_up") and not done.record.read("stopping")
+
+
 def test_a_hung_server_is_killed_and_restarted(tmp_path):
     hangs = Script(hung=(3.0, 1e9), hung_answer=ProbeResult(False, 503, "503 (starting or shutting down)", 1.0))
     world = World(hangs, Script())

@@ -179,18 +179,22 @@ class Supervisor:
             raise
 
     def _step(self) -> ExitCode | None:
-        """What happened since the last wake-up, most urgent first, told to the machine."""
+        """What happened since the last wake-up, most urgent first, told to the machine.
+        A death seen with a stop signal was not the stop's doing (the server runs in a
+        session of its own: a stop reaches it only through us): it is recorded as a death."""
+        reaped = self.host.reap()
+        child = self._child
+        if child is not None and child.proc.pid in reaped:
+            self._read_log(child)
+            child.proc.returncode = reaped[child.proc.pid]
+            exit_code, how = procs.exit_description(reaped[child.proc.pid])
+            if (code := self._apply(self.machine.exited(how, exit_code))) is not None or not self.stop_signals:
+                return code
         if self.stop_signals:
             return self._apply(self.machine.signalled(signal.Signals(self.stop_signals[0]).name))
-        reaped = self.host.reap()
         self._sample_tree()
-        child = self._child
-        if child is not None:
-            self._read_log(child)
-            if child.proc.pid in reaped:
-                child.proc.returncode = reaped[child.proc.pid]
-                exit_code, how = procs.exit_description(reaped[child.proc.pid])
-                return self._apply(self.machine.exited(how, exit_code))
+        if self._child is not None:
+            self._read_log(self._child)
         for attempt, result in self.prober.results():
             if (code := self._apply(self.machine.probe_done(attempt, result))) is not None:
                 return code
