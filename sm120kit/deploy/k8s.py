@@ -95,9 +95,7 @@ def render_k8s(
     profile = _in_a_pod(profile)
     if profile.parallel.nnodes > 1 and profile.fleet is None:
         rendezvous_port(profile)  # a UserError before anything is rendered
-    from sm120kit.serve.command import has_config_flag
-
-    k = _K8s(profile, image, namespace, secret, hf_cache_claim, hf_cache_host_path, shm_size, has_config_flag(target))
+    k = _K8s(profile, image, namespace, secret, hf_cache_claim, hf_cache_host_path, shm_size)
     if profile.fleet is not None:
         return k.fleet(target, python)
     if profile.parallel.nnodes > 1:
@@ -215,8 +213,8 @@ def _seconds(value: float) -> int:
 
 
 class _K8s:
-    def __init__(self, profile, image, namespace, secret, claim, host_path, shm_size, config_flag) -> None:
-        self.p, self.image, self.namespace, self.config_flag = profile, image, namespace, config_flag
+    def __init__(self, profile, image, namespace, secret, claim, host_path, shm_size) -> None:
+        self.p, self.image, self.namespace = profile, image, namespace
         self.base = dns_name(profile.name)
         self.secret = secret or f"{self.base}-api-key"
         self.claim, self.host_path, self.shm_size = claim, host_path, shm_size
@@ -292,7 +290,12 @@ class _K8s:
         container = {
             "name": SERVER_CONTAINER,
             "image": self.image,
-            "command": ["/bin/sh", "-c", entrypoint(self.p.patches, key_env, self.config_flag), "sm120kit-entrypoint"],
+            "command": [
+                "/bin/sh",
+                "-c",
+                entrypoint(self.p.patches, key_env, launch.config_flag),
+                "sm120kit-entrypoint",
+            ],
             "args": argv,
             "env": self.env(launch, drop=("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")),
         }
@@ -305,7 +308,7 @@ class _K8s:
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": self.shm_size}},
             {"name": "hf-cache", **self.model_volume()},
         ]
-        if key_env and self.config_flag:
+        if key_env and launch.config_flag:
             mounts.append({"name": "api-key", "mountPath": KEY_DIR})
             volumes.append({"name": "api-key", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
         container["volumeMounts"] = mounts
@@ -429,11 +432,9 @@ class _K8s:
         key_env = self.p.server.api_key_env
         router_argv = self.router_argv(target, python, fleet.plan, urls)
         if key_env:  # no config file for the router: the key from its environment, as the fleet starts it
-            from sm120kit.fleet.member import ROUTER_KEY_ENV, ROUTER_WITH_KEY
+            from sm120kit.fleet.member import ROUTER_KEY_ENV, router_with_key
 
-            module = router_argv.index("-m")
-            run = [*router_argv[:module], "-c", ROUTER_WITH_KEY, *router_argv[module + 2 :]]
-            router_argv = [python, "-m", "sm120kit.serve.scrub", ROUTER_KEY_ENV, "--", *run]
+            router_argv = [python, "-m", "sm120kit.serve.scrub", ROUTER_KEY_ENV, "--", *router_with_key(router_argv)]
         rlabels = self.labels(router_name, "router", name="sglang-router", version=fleet.router_version)
         router_container = {
             "name": "router",

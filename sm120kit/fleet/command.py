@@ -11,7 +11,7 @@ from sm120kit.fleet.launch import FleetLaunch
 from sm120kit.fleet.plan import ROUTER
 from sm120kit.node.check import Check, Status
 from sm120kit.serve import preflight
-from sm120kit.serve.command import ServeOptions, metrics_served, supervise
+from sm120kit.serve.command import ServeOptions, lock_run, metrics_served
 from sm120kit.serve.probe import probe_host
 from sm120kit.serve.rundir import RunRecord
 
@@ -80,7 +80,7 @@ def serve_fleet(fleet: FleetLaunch, target, options: ServeOptions, width: int | 
     from sm120kit.serve import metrics
 
     profile = fleet.plan.profile
-    record, lock = supervise(profile.name)
+    record, lock = lock_run(profile.name)
     try:
         show_plan(fleet)
         checked = run_preflight(fleet, target, options)
@@ -138,7 +138,7 @@ def _replica_member(fleet: FleetLaunch, r, record: RunRecord, options: ServeOpti
         ports=ports,
         policy=_policy(r.profile),
         api_key_env=r.profile.server.api_key_env,
-        key_file=fleet.config_flag,
+        key_file=launch.config_flag,
         check_gpus=options.gpu_check,
         gpus=list(r.gpus),
         url=r.url,

@@ -25,7 +25,6 @@ class FleetLaunch:
     replicas: dict[str, Launch]  # the replicas started here, by name
     router: list[str] | None  # the router's argv; None: no router here
     router_version: str | None = None
-    config_flag: bool = False  # the installed sglang takes --config (the API key goes in a file)
     router_ports: list[tuple[str, str, int]] = field(default_factory=list)  # (what, host, port): free before, after
     warnings: list[str] = field(default_factory=list)
 
@@ -76,7 +75,6 @@ def render_fleet(profile, target, python: str, mode: Mode = Mode.ALL, router_opt
     layout = plan(profile, everything_elsewhere=mode is Mode.ROUTER_ONLY)
     replicas: dict[str, Launch] = {}
     warnings: list[str] = []
-    config_flag = False
     if mode is not Mode.ROUTER_ONLY:
         if not layout.here:
             raise UserError(
@@ -84,7 +82,6 @@ def render_fleet(profile, target, python: str, mode: Mode = Mode.ALL, router_opt
                 f"run the router alone: sm120kit serve {profile.name} --router-only",
             )
         schema = installed_schema(target)
-        config_flag = schema.get("--config") is not None
         for r in layout.here:
             replicas[r.name] = render(r.profile, schema, python)
         warnings += next(iter(replicas.values())).warnings
@@ -96,7 +93,7 @@ def render_fleet(profile, target, python: str, mode: Mode = Mode.ALL, router_opt
                 f"sglang-router is not installed in {target.description}: the router's options were not checked "
                 f"(`serve` needs it: pip install 'sglang-router{SUPPORTED}')"
             )
-            return FleetLaunch(layout, mode, replicas, None, None, config_flag, [], warnings)
+            return FleetLaunch(layout, mode, replicas, None, None, [], warnings)
         if schema is None:
             raise UserError(
                 f"sglang-router is not installed in {target.description}: a fleet runs sglang's own router",
@@ -114,7 +111,7 @@ def render_fleet(profile, target, python: str, mode: Mode = Mode.ALL, router_opt
         )
         version = schema.version
         router_ports = _router_ports(layout, schema)
-    return FleetLaunch(layout, mode, replicas, router, version, config_flag, router_ports, warnings)
+    return FleetLaunch(layout, mode, replicas, router, version, router_ports, warnings)
 
 
 ROUTER_PROMETHEUS_PORT = 29000  # the router's own --prometheus-port default (0.2.4-0.3.2): it always binds it

@@ -42,12 +42,18 @@ def argv_refs(argv: list) -> list:
     return [{"env": a.name} if isinstance(a, EnvRef) else a for a in argv]
 
 
+def router_with_key(argv: list[str]) -> list[str]:
+    """The router's argv (`PYTHON -m sglang_router.launch_router ...`) run through
+    ROUTER_WITH_KEY: its key comes from $SM120KIT_ROUTER_KEY, in its own process."""
+    module = argv.index("-m")
+    return [*argv[:module], "-c", ROUTER_WITH_KEY, *argv[module + 2 :]]
+
+
 def key_from_environment(argv: list[str], env: dict[str, str], key: str) -> list[str]:
     """The router's argv without `--api-key KEY`, run so that it reads the key from env."""
     i = argv.index("--api-key")
-    module = argv.index("-m")
     env[ROUTER_KEY_ENV] = key
-    return [*argv[:module], "-c", ROUTER_WITH_KEY, *argv[module + 2 : i], *argv[i + 2 :]]
+    return router_with_key([*argv[:i], *argv[i + 2 :]])
 
 
 def main(directory: str) -> int:

@@ -65,6 +65,7 @@ class Launch:
     env: dict[str, str]  # set on top of the caller's environment
     sglang: str
     warnings: list[str] = field(default_factory=list)
+    config_flag: bool = False  # its sglang reads `--config FILE` (the API key goes in a file, not argv)
 
     def shell(self) -> str:
         """The command as a shell would run it; secrets stay "$NAME" references."""
@@ -292,7 +293,8 @@ def render(profile: Profile, schema: FlagSchema, python: str = "python3") -> Lau
             "fix the profile or override with --set; "
             f"`sm120kit profile show {profile.name}` prints what it resolved to",
         )
-    return Launch([python, "-m", "sglang.launch_server", *out.argv], env, schema.version, warnings + out.warnings)
+    argv = [python, "-m", "sglang.launch_server", *out.argv]
+    return Launch(argv, env, schema.version, warnings + out.warnings, schema.get("--config") is not None)
 
 
 def _owned_flags(schema: FlagSchema) -> dict[str, str]:

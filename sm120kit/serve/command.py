@@ -95,7 +95,7 @@ def serve(profile, launch: Launch, target, options: ServeOptions, width: int | N
     from sm120kit.serve.metrics import Member
     from sm120kit.serve.supervisor import Supervisor
 
-    record, lock = supervise(profile.name)
+    record, lock = lock_run(profile.name)
     key_file = record.dir / KEY_FILE
     try:
         if key_file.exists() or key_file.is_symlink():
@@ -107,7 +107,7 @@ def serve(profile, launch: Launch, target, options: ServeOptions, width: int | N
             return ExitCode.ERROR
         env = checked.env
         try:
-            argv, shown, key = resolve_argv(launch, env, key_file if has_config_flag(target) else None)
+            argv, shown, key = resolve_argv(launch, env, key_file if launch.config_flag else None)
         except OSError as exc:
             raise UserError(
                 f"cannot write the API key file {key_file}: {exc.strerror or exc}; nothing was started",
@@ -173,7 +173,7 @@ def metrics_served(options: ServeOptions, profile, members):
         server.close()
 
 
-def supervise(name: str):
+def lock_run(name: str):
     """(the run record of profile `name`, its supervisor lock, held): one supervisor per
     profile, be it one server or a fleet. A UserError when another holds it, or the run
     directory cannot be made."""
@@ -196,14 +196,6 @@ def supervise(name: str):
             f"free space there, or point ${ENV_VAR} at another disk",
         ) from None
     return record, lock
-
-
-def has_config_flag(target) -> bool:
-    """The installed sglang reads `--config FILE` (the API key goes in a file, not argv)."""
-    from sm120kit.profiles.flags import read_schema
-
-    dist = target.find("sglang")
-    return dist is not None and read_schema(dist).get("--config") is not None
 
 
 def record_pid(record: RunRecord) -> int | None:
