@@ -262,6 +262,7 @@ def patch_listing(patches: list[Patch], shipped: str, width: int | None = None) 
                 "releases": releases,
                 "proven_window": p.window,
                 "refs": list(p.refs),
+                "upstream": list(p.upstream),
                 "rewrites": [
                     {"path": r.path, "versions": r.versions, "fixed_in": p.fixed_in_for(r)} for r in p.rewrites
                 ],
@@ -271,8 +272,8 @@ def patch_listing(patches: list[Patch], shipped: str, width: int | None = None) 
         rows.append([p.id, p.package, releases, fixed_in_text(p)])
         summaries.append(p.summary)
         detail = [f"{p.id} (r{p.revision}, {origin}, proven {p.window})", wrap(p.why, width, indent="  ", hanging="")]
-        if p.refs:
-            detail.append(wrap(f"upstream: {', '.join(p.refs)}", width, indent="  "))
+        if p.upstream:
+            detail.append(wrap(f"upstream: {' '.join(p.upstream)}", width, indent="  "))
         files = table(
             ["RELEASES", "FIXED IN", "FILE"],
             [[release_span([r.versions]), p.fixed_in_for(r) or OPEN, r.path] for r in p.rewrites],
@@ -345,6 +346,8 @@ def print_plan(plan: Plan, debug: bool, width: int | None = None) -> None:
         print(wrap(message, width))
     print_cache_notes(plan, width)
     print(findings_table(plan.findings, debug, width))
+    for patch in {f.patch.id: f.patch for f in plan.findings if f.patch.upstream}.values():
+        print(wrap(f"upstream of {patch.id}: {' '.join(patch.upstream)}", width))
     for hint in dict.fromkeys(f"{f.patch.id}: {f.hint}" for f in plan.errors if f.hint):
         print(wrap(f"next: {hint}", width))
     if unproven := unproven_summary(plan):

@@ -169,7 +169,10 @@ def test_wide_puts_every_column_on_one_line(tmp_path, cli):
 def test_status_says_why_it_exits_1(tmp_path, cli):
     code, out, _ = cli("status", "--site", site_at(tmp_path, "0.5.10"))
     assert code == 1
-    assert out.splitlines()[-2:] == ["3 fixed-upstream, 5 would-apply", "would change: run `sm120kit patch` to apply"]
+    assert out.splitlines()[-2:] == [
+        "3 fixed-upstream, 6 would-apply, 3 not-applicable",
+        "would change: run `sm120kit patch` to apply",
+    ]
 
 
 def test_the_json_documents_keep_their_shape(tmp_path, cli):
@@ -292,7 +295,7 @@ def commands_named(cell: str) -> set[str]:
 
 def test_the_readme_says_which_command_takes_which_option():
     rows = readme_table("| option | what | taken by |")
-    assert len(rows) == 7
+    assert len(rows) == 8
     for options, _, taken_by in rows:
         for option in re.findall(r"`(--[a-z-]+)", options):
             takes = {name for name, p in LEAVES.items() if any(option in a.option_strings for a in p._actions)}
@@ -365,7 +368,7 @@ def test_an_error_wraps_to_100_columns_with_its_next_line(argv, first, cli, stde
 def test_wide_keeps_an_error_on_one_line(cli, stderr_is_a_terminal):
     _, _, err = cli("status", "--wide", "--only", "nope")
     error, hint = err.splitlines()
-    assert len(error) > WIDTH and error.endswith("sglang-triton-smem-sm120") and hint.startswith("  next: ")
+    assert len(error) > WIDTH and error.endswith("sglang-trtllm-mla-prefill-sm120") and hint.startswith("  next: ")
 
 
 def test_to_a_pipe_an_error_stays_one_line_for_grep(cli):

@@ -68,3 +68,22 @@ def test_prebuilt_kernel_package_is_reported(cli, site, tmp_path):
     (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: flashinfer-jit-cache\nVersion: 0.6.3\n\n")
     _code, doc = cli.json("status", "--site", site)
     assert any("flashinfer-jit-cache 0.6.3 is installed" in w for w in doc["warnings"])
+
+
+def test_doctor_warns_of_the_prebuilt_package_only_when_it_is_installed(cli, site):
+    """flashinfer alone: no warning (pip would say "not installed"); with it: the warning."""
+    from sm120kit.node import registry, snapshot
+    from sm120kit.target import resolve_target
+
+    install(site, "0.5.9")
+
+    def jit_check():
+        node = snapshot.Snapshot(site, {}, dict, resolve_target(site=str(site)))
+        return registry.CHECKS["jit cache"](registry.CheckInputs(node))
+
+    assert jit_check().status.value == "ok" and "flashinfer-jit-cache" not in jit_check().detail
+    dist_info = site / "flashinfer_jit_cache-0.6.3.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: flashinfer-jit-cache\nVersion: 0.6.3\n\n")
+    found = jit_check()
+    assert found.status.value == "warn" and "flashinfer-jit-cache 0.6.3 is installed" in found.detail

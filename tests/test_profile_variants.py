@@ -20,6 +20,8 @@ from packaging.version import Version
 
 from sm120kit import wheels
 from sm120kit.bench.variants import BASELINE, load_variants, plan, read_variants_file
+from sm120kit.catalogue import rules
+from sm120kit.catalogue.survey import load_survey
 from sm120kit.errors import UserError
 from sm120kit.profiles import loader
 from sm120kit.profiles.flags import schema_from_sources
@@ -198,10 +200,11 @@ def test_allreduce_fusion_on_sm120_is_refused_or_flagged_as_the_release_treats_i
     raises = "requires SM90 or SM10X" in source(version, "sglang/srt/layers/flashinfer_comm_fusion.py")
     assert FUSION_REFUSED_ELSEWHERE.contains(version) == raises, version
     sets = ["engine.flashinfer_allreduce_fusion=true"]  # glm5-nvfp4 runs on compute capability 12.0
-    if raises:
-        message = refusal(version, sets)
-        assert "engine.flashinfer_allreduce_fusion on node.compute_capability = 12.0" in message
-        assert "FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs." in message
+    if raises:  # the survey's launch rule refuses it (on SM12x: the rule's own test covers the CLI)
+        facts = rules.Facts(launch(version, sets).argv, {}, {"sglang": version}, None)
+        [judged] = [j for j in rules.judge(load_survey(), facts) if j.failure.id == "allreduce-fusion-sm90-sm100-only"]
+        assert judged.verdict is rules.Verdict.REFUSED
+        assert "FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs" in judged.message()
     else:
         warnings = launch(version, sets).warnings
         assert any("fuses the all-reduce only on SM90/SM100" in w for w in warnings), warnings
@@ -430,11 +433,12 @@ def test_every_variant_renders_where_its_requires_allow_or_says_why(name, versio
     if not allowed(variant, version):  # skipped by the search, with the variant's why
         assert variant["why"]
         return
-    expected_refusal = {"allreduce-fusion": "FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs."}
-    if name in expected_refusal and FUSION_REFUSED_ELSEWHERE.contains(version):
-        assert expected_refusal[name] in refusal(version, variant["sets"])  # the render's own reason
-        return
     result = launch(version, variant["sets"])
+    expected_refusal = {"allreduce-fusion": "allreduce-fusion-sm90-sm100-only"}
+    if name in expected_refusal and FUSION_REFUSED_ELSEWHERE.contains(version):  # the survey's launch rule
+        facts = rules.Facts(result.argv, {}, {"sglang": version}, None)
+        assert expected_refusal[name] in [j.failure.id for j in rules.judge(load_survey(), facts)]
+        return
     pairs = argv_pairs(result.argv)
     for flag, value in pairs.items():
         spec = schema(version).get(flag)

@@ -28,6 +28,10 @@ RELEASE = {
     "flashinfer-sm120-arch-suffix": "0.5.9",  # flashinfer 0.6.3
     "flashinfer-sm120-gemm-gdc": "0.5.9",
     "flashinfer-sm120-fused-moe-gdc": "0.5.9",
+    "sglang-trtllm-mla-prefill-sm120": "0.5.23",
+    "sglang-nvfp4-moe-runner-sm120": "0.5.23",
+    "sglang-trtllm-mha-fp8-kv-sm120": "0.5.23",
+    "sglang-dsa-kpool-sm120": "0.5.20",
 }
 
 

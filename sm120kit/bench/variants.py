@@ -33,6 +33,7 @@ import itertools
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -396,12 +397,17 @@ def plan(
     python: str,
     source: str,
     written_for: str | None = None,
+    patch_dirs: Sequence[str] = (),
+    allowed_failures: Sequence[str] = (),
 ) -> Plan:
     """Load and render every variant (as-written first) for the installed sglang; skip
-    those that cannot run, with why. Bad input (a key, a value of the wrong type) raises."""
+    those that cannot run, with why: a variant that runs into a known SM120 failure of the
+    release is skipped before its load. Bad input (a key, a value of the wrong type), and
+    an as-written profile that runs into one, raise."""
     from packaging.specifiers import SpecifierSet
     from packaging.version import InvalidVersion, Version
 
+    from sm120kit.catalogue import rules
     from sm120kit.profiles.flags import read_schema
     from sm120kit.profiles.loader import load_profile
     from sm120kit.profiles.render import render
@@ -424,6 +430,10 @@ def plan(
     if written_for and written_for != profile_name:
         notes.append(f"{source} was written for profile {written_for}; searching {profile_name}")
     launch = render(baseline, schema, python)  # the profile as written must render: else nothing to compare with
+    judged = rules.check_launch(baseline, launch, target, patch_dirs, allowed_failures)
+    if error := rules.refusal(judged, f"profile {baseline.name} as written"):
+        raise error
+    launch.warnings.extend(rules.warnings(judged))
     planned = [
         Planned(
             Variant(BASELINE, description="the profile as written"),
@@ -465,6 +475,12 @@ def plan(
             why = exc.message.split(":\n  ", 1)[-1].replace("\n  ", "; ")  # the renderer's own lines
             planned.append(Planned(variant, VariantStatus.SKIPPED, _with_why(why, variant), profile))
             continue
+        judged = rules.check_launch(profile, launch, target, patch_dirs, allowed_failures)
+        if refused := [j for j in judged if j.verdict is rules.Verdict.REFUSED]:
+            why = "; ".join(f"{j.message()}; avoid: {j.fix()}" for j in refused)
+            planned.append(Planned(variant, VariantStatus.SKIPPED, _with_why(why, variant), profile))
+            continue
+        launch.warnings.extend(rules.warnings(judged))
         seen[_fingerprint(profile)] = variant.name
         planned.append(Planned(variant, VariantStatus.RUNNABLE, "", profile, launch, launch.warnings))
     return Plan(profile_name, source, planned, notes)

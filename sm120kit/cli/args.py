@@ -112,6 +112,17 @@ def allow_missing_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def allow_known_failure_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-known-failure",
+        action="append",
+        metavar="ID",
+        default=[],
+        help="start although the launch runs into known SM120 failure ID of the installed release "
+        "(`sm120kit known-failures` lists them; repeatable)",
+    )
+
+
 def common_args(parser: argparse.ArgumentParser, wide: bool = False) -> None:
     """--json and --debug; with `wide`, also --wide, for a command that prints a table."""
     parser.add_argument("--json", action="store_true", help="print a JSON document instead of a table")

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import sys
 
-from sm120kit.cli.args import check_range, command_parser, common_args, patch_dir_arg, profile_args, target_args
+from sm120kit.cli.args import (
+    allow_known_failure_arg,
+    check_range,
+    command_parser,
+    common_args,
+    patch_dir_arg,
+    profile_args,
+    target_args,
+)
 from sm120kit.cli.profiles import render_for
 from sm120kit.exit_codes import ExitCode
 
@@ -117,6 +125,7 @@ def register(sub) -> None:
         help="list the variants (runnable, or skipped and why) and the estimated time; start nothing",
     )
     patch_dir_arg(p, "for the patch status recorded with the results, and --serve's preflight")
+    allow_known_failure_arg(p)
     profile_args(p)
     target_args(p, python_is="the environment that runs sglang's benchmark client, and with --serve the server")
     common_args(p, wide=True)
@@ -283,7 +292,16 @@ def _search(args, options, target, width: int | None, out) -> int:
     found, source, written_for = variants.load_variants(args.vary, args.variants, args.profile_dir)
     base_sets = list(args.sets or [])
     plan = variants.plan(
-        args.name[0], args.profile_dir, base_sets, found, target, args.python or sys.executable, source, written_for
+        args.name[0],
+        args.profile_dir,
+        base_sets,
+        found,
+        target,
+        args.python or sys.executable,
+        source,
+        written_for,
+        args.patch_dir or (),
+        args.allow_known_failure,
     ).with_serve_args(args.profile_dir, args.python)
     client.api_key(plan.variants[0].profile.server.api_key_env)  # a missing key: before anything starts
     if args.dry_run:

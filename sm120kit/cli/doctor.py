@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from sm120kit.cli.args import command_parser, common_args, patch_dir_arg, profile_args, target_args
+from sm120kit.cli.args import (
+    allow_known_failure_arg,
+    command_parser,
+    common_args,
+    patch_dir_arg,
+    profile_args,
+    target_args,
+)
 from sm120kit.exit_codes import ExitCode
 
 
@@ -38,13 +45,26 @@ def register(sub) -> None:
         help='replay NVML answers recorded by `doctor --json` (its "nvml" object) instead of asking the driver',
     )
     p.add_argument("--root", metavar="DIR", help="read /proc and /sys under DIR (a copy taken on another node)")
+    p.add_argument(
+        "--nccl",
+        action="store_true",
+        help="also run a two-rank NCCL all-reduce (64 MiB) with the target's torch, with P2P and with "
+        "NCCL_P2P_DISABLE=1, each bounded in time: does P2P hang on this node? The two GPUs must be idle",
+    )
+    p.add_argument(
+        "--nccl-gpus",
+        metavar="A,B",
+        help="the two GPUs for --nccl (implies it; default: the pair NVML ranks farthest apart)",
+    )
     patch_dir_arg(p)
+    allow_known_failure_arg(p)
     profile_args(p)
     target_args(p, python_is="the environment whose packages and patches are checked")
     common_args(p, wide=True)
 
 
 def cmd_doctor(args) -> int:
+    import sys
     from pathlib import Path
 
     from sm120kit import report
@@ -57,6 +77,13 @@ def cmd_doctor(args) -> int:
         raise UserError(
             "--set changes a profile, and no --profile was given", "sm120kit doctor --profile NAME --set KEY=VALUE"
         )
+    if args.allow_known_failure:  # unknown ids are bad input, with or without a profile
+        from sm120kit.catalogue.survey import load_survey
+
+        load_survey(args.patch_dir).select(args.allow_known_failure)
+    from sm120kit.node.checks.nccl import request as nccl_request
+
+    elsewhere = "--nvml" if args.nvml else "--root" if args.root else None
     profile = None
     if args.profile:
         from sm120kit.profiles.loader import load_profile
@@ -66,7 +93,11 @@ def cmd_doctor(args) -> int:
         root=Path(args.root) if args.root else None,
         nvml_file=Path(args.nvml) if args.nvml else None,
         patch_dirs=tuple(args.patch_dir or ()),
+        allowed_failures=frozenset(args.allow_known_failure),
         debug=args.debug,
+        nccl=nccl_request(args.python, args.site, args.nccl_gpus, elsewhere, sys.executable)
+        if args.nccl or args.nccl_gpus
+        else None,
     )
     result = doctor(options, profile, resolve_target(args.python, args.site))
     if args.json:

@@ -38,6 +38,22 @@ def register(sub) -> None:
 
     p = command_parser(
         sub,
+        "known-failures",
+        "list the known SM120 failures: releases, upstream, sm120kit's answer",
+        "List the survey of known SM120/SM121 failures of sglang and flashinfer "
+        "(patches/known-failures.toml, then the known-failures.toml of --patch-dir and "
+        "$SM120KIT_PATCH_PATH): the releases whose code has each, checked in the real wheels; "
+        "its upstream issue or PR and the release that fixed it; sm120kit's answer (a patch, a "
+        "launch rule that `profile check`, `serve`, `bench` and `doctor` enforce, or the flags "
+        "that avoid compiled code). Looks at no environment.",
+        {ExitCode.OK: "listed", ExitCode.ERROR: "bad input: a survey file that does not validate"},
+        func=cmd_known_failures,
+    )
+    patch_dir_arg(p)
+    common_args(p, wide=True)
+
+    p = command_parser(
+        sub,
         "status",
         "one row per patch: installed version, outcome, upstream fix",
         "One row per patch and file of the target environment: the installed release, what "
@@ -115,6 +131,30 @@ def cmd_patches(args) -> int:
 
     text, docs = report.patch_listing(load_patches(args.patch_dir), str(shipped_dir()), report.output_width(args.wide))
     report.emit_json({"patches": docs}) if args.json else print(text)
+    return ExitCode.OK
+
+
+def cmd_known_failures(args) -> int:
+    from sm120kit import report
+    from sm120kit.catalogue.survey import load_survey
+
+    survey = load_survey(args.patch_dir)
+    if args.json:
+        docs = [f.model_dump(mode="json", by_alias=True, exclude_none=True) for f in survey.failures]
+        report.emit_json({"sources": [str(p) for p in survey.sources], "failures": docs})
+        return ExitCode.OK
+    rows, notes = [], []
+    for f in survey.failures:
+        answer = f.answer + (" + rule" if f.rule and f.answer != "rule" else "")
+        fix = f"patch {f.patch}" if f.patch else f"avoid: {f.avoid}"
+        rows.append([f.id, f.package, f.affected, f.fixed_in or report.OPEN, answer])
+        notes.append(f"{f.title}; {fix}; {' '.join(f.upstream)}")
+    width = report.output_width(args.wide)
+    headers = ["FAILURE", "PACKAGE", "AFFECTED", "FIXED IN", "ANSWER"]
+    if width is None:
+        print(report.table([*headers, "WHAT"], [[*r, n] for r, n in zip(rows, notes)]))
+    else:
+        print(report.table(headers, rows, width, narrow=(2,), notes=notes))
     return ExitCode.OK
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from sm120kit.cli.args import command_parser, common_args, profile_args, target_args
+from sm120kit.cli.args import allow_known_failure_arg, command_parser, common_args, profile_args, target_args
 from sm120kit.exit_codes import ExitCode
 
 NAME_HELP = "a profile name (`sm120kit profiles` lists them) or the path of a .toml file"
@@ -67,6 +67,7 @@ def register(sub) -> None:
     v.add_argument("name", metavar="PROFILE", help=NAME_HELP)
     profile_args(v)
     target_args(v, python_is="the serving environment, whose sglang the profile is rendered for")
+    allow_known_failure_arg(v)
     common_args(v)
     v = command_parser(
         verbs,
@@ -146,8 +147,30 @@ def render_for(args, profile, target, router_optional: bool = False):
 
         part = Mode.ROUTER_ONLY if getattr(args, "router_only", False) else Mode.ALL
         part = Mode.REPLICAS_ONLY if getattr(args, "replicas_only", False) else part
-        return render_fleet(profile, target, python, part, router_optional)
-    return render(profile, installed_schema(target), python)
+        launch = render_fleet(profile, target, python, part, router_optional)
+        launches = list(launch.replicas.values())
+    else:
+        launch = render(profile, installed_schema(target), python)
+        launches = [launch]
+    refuse_known_failures(args, profile, launches, target)
+    return launch
+
+
+def refuse_known_failures(args, profile, launches, target) -> None:
+    """The survey's launch rules over each rendered server (one, or a fleet's replicas): a
+    known SM120 failure of the installed release that no applied patch covers is a
+    UserError (exit 2) before anything loads; allowed and undecided ones become warnings."""
+    from sm120kit.catalogue import rules
+
+    allowed = getattr(args, "allow_known_failure", ())
+    patch_dirs = getattr(args, "patch_dir", None) or ()
+    if not launches:  # a fleet's router alone runs no sglang server
+        return
+    judged = rules.check_launch(profile, launches[0], target, patch_dirs, allowed)  # replicas differ in ports only
+    if error := rules.refusal(judged, f"profile {profile.name}"):
+        raise error
+    for launch in launches:
+        launch.warnings.extend(rules.warnings(judged))
 
 
 def cmd_profile_check(args) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sm120kit.cli.args import (
+    allow_known_failure_arg,
     allow_missing_arg,
     command_parser,
     common_args,
@@ -64,6 +65,7 @@ def register(sub) -> None:
     p.add_argument("--kill-stale", action="store_true", help="stop stale sglang processes that the preflight finds")
     p.add_argument("--no-patch-check", action="store_true", help="start even if the profile's patches are not in place")
     allow_missing_arg(p)
+    allow_known_failure_arg(p)
     p.add_argument(
         "--no-gpu-check", action="store_true", help="skip the GPU count, compute capability and free-memory check"
     )

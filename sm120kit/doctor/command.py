@@ -17,7 +17,9 @@ class DoctorOptions:
     root: Path | None = None  # /proc and /sys copied from another node
     nvml_file: Path | None = None  # NVML answers recorded by `doctor --json`
     patch_dirs: tuple[str, ...] = ()
+    allowed_failures: frozenset[str] = frozenset()  # --allow-known-failure
     debug: bool = False  # a check that crashes raises, with its traceback
+    nccl: object | None = None  # --nccl: sm120kit.node.checks.nccl.Request (None: the check says SKIP)
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ def doctor(options: DoctorOptions, profile, target) -> DoctorReport:
         profile,
         patch_dirs=options.patch_dirs,
         patch_ids=tuple(profile.patches) if profile else None,
+        allowed_failures=options.allowed_failures,
         debug=options.debug,
+        nccl=options.nccl,
     )
     return DoctorReport(profile.name if profile else None, registry.run(registry.DOCTOR, inputs), node)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from sm120kit.errors import UserError
 from sm120kit.node.check import Check, Status
-from sm120kit.node.checks import gpus, patches, serving, software, system
+from sm120kit.node.checks import gpus, known_failures, nccl, patches, serving, software, system
 from sm120kit.node.snapshot import Snapshot
 
 
@@ -22,6 +22,7 @@ class CheckInputs:
     patch_dirs: tuple[str, ...] = ()
     patch_ids: tuple[str, ...] | None = None  # must be in place; None: survey every known patch
     allow_missing: frozenset[str] = frozenset()
+    allowed_failures: frozenset[str] = frozenset()  # --allow-known-failure ids
     kill_stale: bool = False
     # What the stale-process and ports checks read, supplied by the command that runs them
     # (serve), so that the node never imports serve: the process scan, stop and port probes
@@ -30,6 +31,7 @@ class CheckInputs:
     runs: Callable[[], list[dict]] | None = None
     debug: bool = False  # --debug: a check that crashes raises, with its traceback
     running: frozenset[str] = frozenset()  # the ids run together (set by run())
+    nccl: object | None = None  # doctor --nccl: sm120kit.node.checks.nccl.Request; None: not asked
 
     @property
     def server_env(self) -> dict[str, str]:
@@ -45,6 +47,7 @@ CHECKS: dict[str, Callable[[CheckInputs], Check | None]] = {
     "gpu processes": gpus.gpu_processes,
     "p2p": gpus.peer_to_peer,
     "topology": gpus.topology,
+    "nccl all-reduce": nccl.nccl_all_reduce,
     "iommu": system.iommu,
     "nvidia_uvm hmm": system.uvm_hmm,
     "virtualisation": system.virtualisation,
@@ -53,6 +56,7 @@ CHECKS: dict[str, Callable[[CheckInputs], Check | None]] = {
     "environment": software.environment,
     "software": software.software,
     "patches": patches.patches,
+    "known failures": known_failures.known_failures,
     "jit cache": software.jit_cache,
     "disk": software.disk,
     "api key": serving.api_key,
@@ -68,6 +72,7 @@ DOCTOR = (
     "gpu processes",
     "p2p",
     "topology",
+    "nccl all-reduce",
     "iommu",
     "nvidia_uvm hmm",
     "virtualisation",
@@ -76,6 +81,7 @@ DOCTOR = (
     "environment",
     "software",
     "patches",
+    "known failures",
     "jit cache",
     "disk",
 )

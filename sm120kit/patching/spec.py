@@ -132,6 +132,14 @@ class Rewrite:
         return v > bound if inclusive else v >= bound
 
 
+_REF = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)#(?P<number>\d+)$")
+
+
+def _link(ref: str) -> str:
+    m = _REF.match(ref)
+    return f"https://github.com/{m['repo']}/issues/{m['number']}" if m else ref
+
+
 @dataclass(frozen=True)
 class Patch:
     id: str
@@ -147,6 +155,12 @@ class Patch:
 
     def context(self) -> Context:
         return Context(self.id, self.revision)
+
+    @property
+    def upstream(self) -> tuple[str, ...]:
+        """The refs as links: "owner/repo#N" is https://github.com/owner/repo/issues/N (GitHub
+        sends an issue number that is a pull request on to the pull request)."""
+        return tuple(_link(ref) for ref in self.refs)
 
     def rewrites_for(self, version: str) -> list[Rewrite]:
         return [r for r in self.rewrites if r.covers(version)]

@@ -56,6 +56,7 @@ class Finding:
             "allowed": self.allowed,
             "error": self.is_error,
             "hint": self.hint or None,
+            "upstream": list(self.patch.upstream),
         }
 
 

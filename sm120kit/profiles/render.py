@@ -325,19 +325,18 @@ def _cuda_graphs(out: _Argv, e) -> None:
 
 
 def _fusion_capability(out: _Argv, profile: Profile, warnings: list[str]) -> None:
-    """All-reduce fusion on a GPU other than SM90/SM100: refused by the release, or no effect."""
+    """All-reduce fusion on a GPU other than SM90/SM100 before 0.5.14: no effect. From 0.5.14
+    the release refuses it at startup: on SM12x that is the known failure
+    allreduce-fusion-sm90-sm100-only of patches/known-failures.toml, refused by its launch rule."""
     capability = profile.node.compute_capability
     major = capability.split(".")[0] if capability else None
     if major is None or major in FUSION_CAPABILITIES:
         return
-    where = f"engine.flashinfer_allreduce_fusion on node.compute_capability = {capability}: sglang {out.version}"
-    if FUSION_REFUSED_ELSEWHERE.contains(Version(out.version), prereleases=True):
-        out.errors.append(
-            f"{where} refuses it at startup off SM90/SM100 (flashinfer_comm_fusion._resolve_backend: "
-            '"FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs.")'
+    if not FUSION_REFUSED_ELSEWHERE.contains(Version(out.version), prereleases=True):
+        warnings.append(
+            f"engine.flashinfer_allreduce_fusion on node.compute_capability = {capability}: sglang {out.version} "
+            "fuses the all-reduce only on SM90/SM100: the flag has no effect here"
         )
-    else:
-        warnings.append(f"{where} fuses the all-reduce only on SM90/SM100: the flag has no effect here")
 
 
 def _speculative(out: _Argv, profile: Profile, env: dict[str, str], warnings: list[str]) -> None:

@@ -43,11 +43,30 @@ class Diagnosis:
 
 @cache
 def signatures(path: Path = SIGNATURES) -> tuple[Signature, ...]:
+    """The generic signatures (signatures.toml: a port taken, out of memory, NCCL), then the
+    symptom of every failure of the known-failures survey that one of them does not name."""
     doc = tomllib.loads(path.read_text())
-    return tuple(
+    found = [
         Signature(s["id"], re.compile(s["pattern"]), s["title"], s["advice"], s.get("lookup", {}))
         for s in doc["signature"]
-    )
+    ]
+    return (*found, *_survey_signatures({s.id for s in found}))
+
+
+def _survey_signatures(taken: set[str]) -> list[Signature]:
+    from sm120kit.catalogue.survey import load_survey
+
+    return [
+        Signature(
+            f.id,
+            f.pattern,
+            f"{f.title} ({f.package} {f.affected}, {f.status})",
+            f"{f.advice}" + (f"; or avoid it: {f.avoid}" if f.avoid else "") + f"; upstream {f.upstream[0]}",
+            {},
+        )
+        for f in load_survey(validate_patches=False).failures
+        if f.pattern is not None and f.id not in taken
+    ]
 
 
 def read_tail(source: BinaryIO, lines: int, max_bytes: int = TAIL_BYTES) -> str:
@@ -84,15 +103,19 @@ def _tail_of_stream(stream: BinaryIO, max_bytes: int) -> bytes:
 
 
 def diagnose(log: str, tail_lines: int = 400) -> list[Diagnosis]:
-    """Each known signature found in the last `tail_lines` lines, once, first match first."""
+    """Each known signature found in the last `tail_lines` lines, once, first match first;
+    a line is one signature's (the first that matches it)."""
     found: dict[str, Diagnosis] = {}
     for line in log.splitlines()[-tail_lines:]:
         for sig in signatures():
-            if sig.id in found or not (match := sig.pattern.search(line)):
+            if not (match := sig.pattern.search(line)):
                 continue
+            if sig.id in found:
+                break
             words = match.groupdict()
             if sig.lookup:
                 value = words.get(sig.lookup["group"], "")
                 words["kernel"] = sig.lookup.get("values", {}).get(value, sig.lookup.get("default", ""))
             found[sig.id] = Diagnosis(sig.id, sig.title.format(**words), sig.advice.format(**words), line.strip())
+            break
     return list(found.values())

@@ -86,12 +86,13 @@ def jit_cache(inputs) -> Check:
         return Check("jit cache", Status.INFO, "flashinfer is not installed")
     from sm120kit.patching import jit_cache as jc
 
-    if prebuilt := jc.prebuilt_package(dist):
+    prebuilt = jc.prebuilt_package(dist)
+    if prebuilt and (aot := target.find(prebuilt)):  # only when it is installed: else every node would warn
         return Check(
             "jit cache",
             Status.WARN,
-            f"{prebuilt} is installed: its prebuilt kernels win over patched sources",
-            f"pip uninstall {prebuilt}",
+            f"{aot.name} {aot.version} is installed: its prebuilt kernels win over patched sources",
+            f"pip uninstall {aot.name}",
         )
     dirs = [p for p in jc.cache_dirs(dist) if p.exists()]
     return Check(

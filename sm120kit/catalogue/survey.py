@@ -1,0 +1,276 @@
+"""The survey of known SM120 failures (patches/known-failures.toml): what each failure
+prints, the releases whose real code has it, where upstream tracks and fixed it, and
+sm120kit's answer (a patch, a launch rule, or flags that avoid compiled code).
+
+One file feeds three readers: `diagnose` matches the symptoms, the launch rules
+(rules.py) refuse a known-failing configuration before a load, and `patches` / `status`
+show each patch's upstream link. A user's --patch-dir may hold a known-failures.toml of
+its own: its entries come first, and one with a shipped entry's id replaces it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Literal
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sm120kit.errors import UserError, problems
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+FILENAME = "known-failures.toml"
+PACKAGES = ("sglang", "flashinfer-python")
+STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+Id = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9.-]*$", max_length=80)]
+Line = Annotated[str, Field(min_length=1, max_length=2000)]
+UPSTREAM = re.compile(r"^https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+$")
+
+
+def _version(value: str) -> str:
+    try:
+        Version(value)
+    except InvalidVersion:
+        raise ValueError(f"{value!r} is not a release (e.g. 0.5.23)") from None
+    return value
+
+
+class Condition(BaseModel):
+    """One fact about the launch. `flag`: a value of the rendered argv (the first of the
+    spellings given, in the order listed; `default` when none is); `model`: a dotted key of
+    the model's config.json (the first of those listed that it has; `hf_quant_config.` reads
+    the checkpoint's hf_quant_config.json, where ModelOpt writes its quantization);
+    `env`: the server's environment. The fact holds when its value is `in` the list
+    (for a list value: any element), or for `present`, when the flag is (or is not) given."""
+
+    model_config = STRICT
+
+    flag: list[Line] | None = None
+    model: list[Line] | None = None
+    env: Line | None = None
+    in_: list[str] | None = Field(None, alias="in", min_length=1)
+    present: bool | None = None
+    default: str | None = None
+
+    @field_validator("flag", "model", mode="before")
+    @classmethod
+    def _spellings(cls, value):
+        return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_of_each(self) -> Condition:
+        subjects = [k for k in ("flag", "model", "env") if getattr(self, k) is not None]
+        if len(subjects) != 1:
+            raise ValueError("a condition names exactly one of flag, model, env")
+        if (self.in_ is None) == (self.present is None):
+            raise ValueError("a condition has exactly one of `in` and `present`")
+        if self.present is not None and self.flag is None:
+            raise ValueError("`present` is for a flag")
+        if self.flag and not all(s.startswith("--") for s in self.flag):
+            raise ValueError("a flag is spelled with its dashes, e.g. --attention-backend")
+        return self
+
+    def describe(self) -> str:
+        subject = " / ".join(self.flag) if self.flag else " / ".join(self.model) if self.model else f"${self.env}"
+        if self.present is not None:
+            return f"{subject} {'given' if self.present else 'not given'}"
+        default = f" (default {self.default})" if self.default is not None else ""
+        return f"{subject} in {{{', '.join(self.in_)}}}{default}"
+
+
+class Rule(BaseModel):
+    """A launch rule: refuse before the load when every condition holds on an affected
+    release and no applied patch covers it. `profile` + `trigger` (profile --set
+    assignments) make it fire, `avoid` added to them makes it pass: the tests run both on
+    the real flag schema of the affected releases, and users read `avoid` as the fix."""
+
+    model_config = STRICT
+
+    when: list[Condition] = Field(min_length=1)
+    profile: Line
+    trigger: list[Line] = []
+    trigger_config: dict = {}  # config.json of the model in the test (model conditions)
+    avoid: list[Line] = Field(min_length=1)
+
+
+class Failure(BaseModel):
+    model_config = STRICT
+
+    id: Id
+    title: Line
+    package: Literal[PACKAGES]
+    affected: Line  # PEP 440 over the releases whose real code has the bug
+    checked: Line  # the newest release whose code was read for this entry
+    fixed_in: Line | None = None  # the first release with the fix; None: open
+    upstream: list[Line] = Field(min_length=1)
+    symptom: Line | None = None  # a regular expression over one log line (diagnose); None: silent
+    evidence: Line  # where the real code shows it (file, function)
+    answer: Literal["patch", "rule", "compiled"]
+    patch: Id | None = None
+    avoid: Line | None = None  # the flags that avoid it, as an operator types them
+    advice: Line
+    rule: Rule | None = None
+
+    @field_validator("checked", "fixed_in")
+    @classmethod
+    def _release(cls, value: str | None) -> str | None:
+        return value if value is None else _version(value)
+
+    @field_validator("affected")
+    @classmethod
+    def _specifier(cls, value: str) -> str:
+        try:
+            spec = SpecifierSet(value)
+        except InvalidSpecifier:
+            raise ValueError(f"{value!r} is not a PEP 440 range (e.g. >=0.5.17,<=0.5.23)") from None
+        if not list(spec):
+            raise ValueError("names no releases: write the range the real code was read in, e.g. >=0.5.17")
+        return value
+
+    @field_validator("upstream")
+    @classmethod
+    def _links(cls, links: list[str]) -> list[str]:
+        for link in links:
+            if not UPSTREAM.match(link):
+                raise ValueError(f"{link!r} is not a GitHub issue or pull request URL")
+        return links
+
+    @field_validator("symptom")
+    @classmethod
+    def _pattern(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _answer_fits(self) -> Failure:
+        if (self.answer == "patch") != (self.patch is not None):
+            raise ValueError('`patch` names the patch exactly when answer = "patch"')
+        if self.answer != "patch" and not self.avoid:
+            raise ValueError(f'answer = "{self.answer}" needs `avoid`: the flags that avoid the failure')
+        if self.fixed_in and self.covers(self.fixed_in):
+            raise ValueError(f"fixed_in {self.fixed_in} is inside affected {self.affected!r}")
+        return self
+
+    @cached_property
+    def specifier(self) -> SpecifierSet:
+        return SpecifierSet(self.affected)
+
+    @cached_property
+    def pattern(self) -> re.Pattern | None:
+        return re.compile(self.symptom) if self.symptom else None
+
+    def covers(self, version: str) -> bool:
+        return self.specifier.contains(Version(version), prereleases=True)
+
+    def unverified_on(self, version: str) -> bool:
+        """Newer than any release whose code was read for this entry."""
+        return Version(version) > Version(self.checked)
+
+    @property
+    def status(self) -> str:
+        return f"fixed in {self.fixed_in}" if self.fixed_in else "open"
+
+
+class _Document(BaseModel):
+    model_config = STRICT
+    failure: list[Failure] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class Survey:
+    failures: tuple[Failure, ...]
+    sources: tuple[Path, ...]
+
+    def get(self, failure_id: str) -> Failure | None:
+        return next((f for f in self.failures if f.id == failure_id), None)
+
+    def for_patch(self, patch_id: str) -> list[Failure]:
+        return [f for f in self.failures if f.patch == patch_id]
+
+    def select(self, ids: list[str] | tuple[str, ...], option: str = "--allow-known-failure") -> frozenset[str]:
+        """The ids as given, each known; an unknown one is a UserError with the nearest."""
+        import difflib
+
+        known = [f.id for f in self.failures]
+        for failure_id in ids:
+            if failure_id not in known:
+                near = difflib.get_close_matches(failure_id, known, n=1)
+                raise UserError(
+                    f"{option} {failure_id}: no known failure has that id" + (f" (nearest: {near[0]})" if near else ""),
+                    "`sm120kit known-failures` lists them",
+                )
+        return frozenset(ids)
+
+
+def _where(path: Path, doc: dict, loc: tuple) -> str:
+    """`failure[3] (trtllm-mla-prefill-sm120).rule.when[0].in` for a pydantic location."""
+    if len(loc) >= 2 and loc[0] == "failure" and isinstance(loc[1], int):
+        entries = doc.get("failure") if isinstance(doc.get("failure"), list) else []
+        entry = entries[loc[1]] if loc[1] < len(entries) else None
+        name = f" ({entry['id']})" if isinstance(entry, dict) and isinstance(entry.get("id"), str) else ""
+        rest = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[2:])
+        return f"failure[{loc[1]}]{name}{rest}"
+    return ".".join(map(str, loc)) or "the document"
+
+
+def read_file(path: Path) -> list[Failure]:
+    """One survey file, validated; any defect is a UserError naming the file and the key."""
+    hint = "fix the entry (the file's header says what each key holds)"
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: cannot read the known-failures survey: {exc}", hint) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: not valid TOML: {exc}", hint) from None
+    try:
+        parsed = _Document.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise UserError(f"{path}: {_where(path, doc, first['loc'])}: {first['msg']} ({problems(exc)})", hint) from None
+    seen: set[str] = set()
+    for i, failure in enumerate(parsed.failure):
+        if failure.id in seen:
+            raise UserError(f"{path}: failure[{i}] ({failure.id}).id: listed twice", hint)
+        seen.add(failure.id)
+    return parsed.failure
+
+
+def load_survey(
+    patch_dirs: list[str] | None = None, patch_ids: set[str] | None = None, validate_patches: bool = True
+) -> Survey:
+    """The user's surveys (in --patch-dir order) before the shipped one; an entry with an
+    id already read replaces the later one. Each `patch` must name a known patch (the
+    ids of `patch_ids`, else of every loadable patch), unless validate_patches is off
+    (diagnose reads symptoms, and a dying server is no time to import patch modules)."""
+    from sm120kit.patching.registry import load_patches, search_path
+
+    files = [d / FILENAME for d in search_path(patch_dirs) if (d / FILENAME).is_file()]
+    failures: dict[str, Failure] = {}
+    origin: dict[str, Path] = {}
+    for path in files:
+        for failure in read_file(path):
+            if failure.id not in failures:
+                failures[failure.id], origin[failure.id] = failure, path
+    if not validate_patches:
+        return Survey(tuple(failures.values()), tuple(files))
+    known = patch_ids if patch_ids is not None else {p.id for p in load_patches(patch_dirs)}
+    for failure in failures.values():
+        if failure.patch and failure.patch not in known:
+            raise UserError(
+                f"{origin[failure.id]}: failure {failure.id}.patch: no patch has the id {failure.patch!r}",
+                "name a patch that `sm120kit patches` lists, or add the patch module to the --patch-dir",
+            )
+    return Survey(tuple(failures.values()), tuple(files))
