@@ -139,6 +139,7 @@ DAMAGED = {
         "failure example.patch",
     ),
     "condition": (GOOD.replace('in = ["fa3"]', 'in = ["fa3"], present = true'), "rule.when[0]"),
+    "rule without rule": (GOOD[: GOOD.index("[failure.rule]")], "needs a [failure.rule]"),
     "fixed inside": (GOOD.replace('checked = "0.5.23"', 'checked = "0.5.23"\nfixed_in = "0.5.21"'), "fixed_in"),
     "not toml": (GOOD.replace("[failure.rule]", "[failure.rule"), "not valid TOML"),
 }
@@ -265,6 +266,27 @@ def test_judge_reads_flags_model_and_env(tmp_path):
     assert verdicts(["python"], {"X": "1"}, {"quantization_config": {}}) == []
     old = rules.Facts(["python"], {"X": "1"}, {"sglang": "0.5.19"}, config)
     assert rules.judge(survey, old) == []  # outside `affected`
+
+
+def test_judge_matches_and_capability(tmp_path):
+    doc = GOOD.replace(
+        'when = [{ flag = "--attention-backend", in = ["fa3"] }]',
+        'when = [{ capability = true, in = ["12.1"] },'
+        ' { model = ["quantization_config.exclude_modules", "hf_quant_config.quantization.exclude_modules"],'
+        ' matches = "shared_expert" }]',
+    )
+    (tmp_path / "judge.toml").write_text(doc)
+    survey = type(SURVEY)(tuple(read_file(tmp_path / "judge.toml")), ())
+    quant = {"hf_quant_config": {"quantization": {"exclude_modules": ["lm_head", "layers.3.mlp.shared_experts*"]}}}
+
+    def verdicts(capability, config):
+        facts = rules.Facts(["python"], {}, {"sglang": "0.5.23"}, config, "", capability)
+        return [j.verdict for j in rules.judge(survey, facts)]
+
+    assert verdicts("12.1", quant) == [rules.Verdict.REFUSED]
+    assert verdicts("12.0", quant) == []
+    assert verdicts("12.1", {"quantization_config": {"exclude_modules": ["lm_head"]}}) == []
+    assert verdicts("10.0", quant) == []  # not an SM12x node: no rule is judged
 
 
 def test_the_docs_page_is_the_survey():

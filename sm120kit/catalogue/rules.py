@@ -13,6 +13,7 @@ read, e.g. no config.json on this machine: a warning).
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -120,8 +121,12 @@ def _holds(condition: Condition, facts: Facts) -> bool | None:
             return None
         node = next((v for key in condition.model if (v := _dotted(facts.model_config, key)) is not None), None)
         values = node if isinstance(node, list) else [node]
-    else:
+    elif condition.env is not None:
         values = [facts.env.get(condition.env, condition.default)]
+    else:
+        values = [facts.capability]
+    if condition.matches is not None:
+        return any(v is not None and re.search(condition.matches, str(v)) for v in values)
     return any(v is not None and str(v) in condition.in_ for v in values)
 
 

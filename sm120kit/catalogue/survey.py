@@ -48,15 +48,19 @@ class Condition(BaseModel):
     spellings given, in the order listed; `default` when none is); `model`: a dotted key of
     the model's config.json (the first of those listed that it has; `hf_quant_config.` reads
     the checkpoint's hf_quant_config.json, where ModelOpt writes its quantization);
-    `env`: the server's environment. The fact holds when its value is `in` the list
-    (for a list value: any element), or for `present`, when the flag is (or is not) given."""
+    `env`: the server's environment; `capability = true`: the profile's
+    node.compute_capability. The fact holds when its value is `in` the list, or `matches`
+    the regular expression (for a list value: any element), or for `present`, when the
+    flag is (or is not) given."""
 
     model_config = STRICT
 
     flag: list[Line] | None = None
     model: list[Line] | None = None
     env: Line | None = None
+    capability: bool | None = None  # the profile's node.compute_capability ("12.0", "12.1")
     in_: list[str] | None = Field(None, alias="in", min_length=1)
+    matches: Line | None = None  # a regular expression that a value (or an element of a list) contains
     present: bool | None = None
     default: str | None = None
 
@@ -67,11 +71,16 @@ class Condition(BaseModel):
 
     @model_validator(mode="after")
     def _one_of_each(self) -> Condition:
-        subjects = [k for k in ("flag", "model", "env") if getattr(self, k) is not None]
+        subjects = [k for k in ("flag", "model", "env", "capability") if getattr(self, k) is not None]
         if len(subjects) != 1:
-            raise ValueError("a condition names exactly one of flag, model, env")
-        if (self.in_ is None) == (self.present is None):
-            raise ValueError("a condition has exactly one of `in` and `present`")
+            raise ValueError("a condition names exactly one of flag, model, env, capability")
+        if sum(x is not None for x in (self.in_, self.matches, self.present)) != 1:
+            raise ValueError("a condition has exactly one of `in`, `matches` and `present`")
+        if self.matches is not None:
+            try:
+                re.compile(self.matches)
+            except re.error as exc:
+                raise ValueError(f"`matches` is not a regular expression: {exc}") from None
         if self.present is not None and self.flag is None:
             raise ValueError("`present` is for a flag")
         if self.flag and not all(s.startswith("--") for s in self.flag):
@@ -79,9 +88,19 @@ class Condition(BaseModel):
         return self
 
     def describe(self) -> str:
-        subject = " / ".join(self.flag) if self.flag else " / ".join(self.model) if self.model else f"${self.env}"
+        subject = (
+            " / ".join(self.flag)
+            if self.flag
+            else " / ".join(self.model)
+            if self.model
+            else f"${self.env}"
+            if self.env
+            else "node.compute_capability"
+        )
         if self.present is not None:
             return f"{subject} {'given' if self.present else 'not given'}"
+        if self.matches is not None:
+            return f"{subject} matches {self.matches!r}"
         default = f" (default {self.default})" if self.default is not None else ""
         return f"{subject} in {{{', '.join(self.in_)}}}{default}"
 
@@ -113,7 +132,7 @@ class Failure(BaseModel):
     upstream: list[Line] = Field(min_length=1)
     symptom: Line | None = None  # a regular expression over one log line (diagnose); None: silent
     evidence: Line  # where the real code shows it (file, function)
-    answer: Literal["patch", "rule", "compiled"]
+    answer: Literal["patch", "rule", "compiled", "environment"]
     patch: Id | None = None
     avoid: Line | None = None  # the flags that avoid it, as an operator types them
     advice: Line
@@ -160,6 +179,8 @@ class Failure(BaseModel):
             raise ValueError('`patch` names the patch exactly when answer = "patch"')
         if self.answer != "patch" and not self.avoid:
             raise ValueError(f'answer = "{self.answer}" needs `avoid`: the flags that avoid the failure')
+        if self.answer == "rule" and self.rule is None:
+            raise ValueError('answer = "rule" needs a [failure.rule]: else nothing refuses the configuration')
         if self.fixed_in and self.covers(self.fixed_in):
             raise ValueError(f"fixed_in {self.fixed_in} is inside affected {self.affected!r}")
         return self
@@ -239,7 +260,9 @@ def read_file(path: Path) -> list[Failure]:
         parsed = _Document.model_validate(doc)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise UserError(f"{path}: {_where(path, doc, first['loc'])}: {first['msg']} ({problems(exc)})", hint) from None
+        more = f" (and {exc.error_count() - 1} more: {problems(exc)})" if exc.error_count() > 1 else ""
+        message = first["msg"].removeprefix("Value error, ")
+        raise UserError(f"{path}: {_where(path, doc, first['loc'])}: {message}{more}", hint) from None
     seen: set[str] = set()
     for i, failure in enumerate(parsed.failure):
         if failure.id in seen:
