@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Conformance of the shipped patches and profiles on real sglang releases.
+"""Conformance of the shipped patches and profiles on real sglang and flashinfer-python releases.
 
-For each release (the newest on the package index by default), with the flashinfer-python
-release it pins: fetch both wheels (cached), unpack their Python sources into a scratch
-site, then run what an operator runs after `pip install -U sglang`:
+For each sglang release (the newest on the package index by default), with the
+flashinfer-python release it pins, and for each flashinfer-python release named on its own
+(`--flashinfer`: what `pip install -U flashinfer-python` past sglang's pin gives): fetch the
+wheels (cached), unpack their Python sources into a scratch site, then run what an operator
+runs after the upgrade (a flashinfer release alone: its patches only, no profiles):
 
     sm120kit status            the outcome of every patch, before anything is written
     sm120kit patch --verify    apply, then prove it from disk
@@ -17,8 +19,9 @@ error or unproven (a release past a patch's proven window), or a step failed; 2 
 input (a release that does not exist, no network).
 
     python scripts/conformance.py                      # the newest sglang release
-    python scripts/conformance.py 0.5.22 0.5.23        # named releases
-    python scripts/conformance.py --window             # every release the tests prove
+    python scripts/conformance.py 0.5.22 0.5.23        # named sglang releases
+    python scripts/conformance.py --flashinfer 0.7.4   # named flashinfer-python releases (alone)
+    python scripts/conformance.py --window             # every release the tests prove, of both
 """
 
 from __future__ import annotations
@@ -45,17 +48,27 @@ from sm120kit.cli import main as sm120kit
 from sm120kit.patching.registry import load_patches
 from sm120kit.profiles.loader import list_profiles, load_profile
 
+FLASHINFER_PAST_PINS = wheels.FLASHINFER_PAST_PINS  # --window checks them alone
 SOURCES = ["*.py"]  # the code the patches and the flag schema are read from (plus the dist-info)
 SETTLED = {"applied", "already-applied", "fixed-upstream", "not-applicable", "would-apply"}
 
 
 @dataclass
 class Release:
-    sglang: str
+    sglang: str | None  # None: a flashinfer-python release on its own
     flashinfer: str | None
     cells: dict[str, list[dict]] = field(default_factory=dict)  # patch id -> its status rows
     steps: dict[str, str] = field(default_factory=dict)  # lifecycle step -> "ok" or what failed
     profiles: dict[str, str] = field(default_factory=dict)  # profile -> "ok ...", "n/a ..." or "error: ..."
+
+    @property
+    def name(self) -> str:
+        return f"sglang {self.sglang}" if self.sglang else f"flashinfer-python {self.flashinfer}"
+
+    @property
+    def packages(self) -> set[str]:
+        """The distributions installed for it: the patches of the others are not run."""
+        return {"sglang", "flashinfer-python"} if self.sglang else {"flashinfer-python"}
 
     @property
     def failures(self) -> list[str]:
@@ -98,28 +111,36 @@ def record_sha256(site: Path, package: str, relpath: str) -> str | None:
 
 
 def check_release(release: Release, site: Path, profiles: list[str]) -> None:
-    code, doc = run_cli("status", "--site", site)
+    # A flashinfer release alone: its patches, each by id (sglang's would be not-applicable).
+    only = (
+        []
+        if release.sglang
+        else [arg for p in load_patches() if p.package in release.packages for arg in ("--only", p.id)]
+    )
+    # The scratch site's patches and unpatches must not remove the machine's flashinfer JIT cache.
+    keep = "--keep-jit-cache"
+    code, doc = run_cli("status", "--site", site, *only)
     for r in doc.get("results", []):
         release.cells.setdefault(r["patch"], []).append(r)
     release.steps["status"] = "ok" if code in (0, 1) else f"exit {code}: {doc.get('error', '')}"
 
-    code, doc = run_cli("patch", "--verify", "--site", site)
+    code, doc = run_cli("patch", "--verify", "--site", site, keep, *only)
     problems = doc.get("verify_problems") or [doc.get("error")] if code else []
     release.steps["patch --verify"] = (
         "ok" if code == 0 and doc.get("verified") else f"exit {code}: {'; '.join(filter(None, problems))}"
     )
 
     patched = {r["path"]: (site / r["path"]).read_bytes() for r in doc.get("results", []) if r["outcome"] == "applied"}
-    code, doc = run_cli("patch", "--site", site)
+    code, doc = run_cli("patch", "--site", site, keep, *only)
     again = {r["outcome"] for r in doc.get("results", [])}
     same = all((site / path).read_bytes() == data for path, data in patched.items())
-    check, _ = run_cli("patch", "--check", "--site", site)
+    check, _ = run_cli("patch", "--check", "--site", site, *only)
     idempotent = code == 0 and check == 0 and same and "applied" not in again
     release.steps["idempotent"] = (
         "ok" if idempotent else f"second run: exit {code}, {sorted(again)}; --check exit {check}"
     )
 
-    code, doc = run_cli("unpatch", "--site", site)
+    code, doc = run_cli("unpatch", "--site", site, keep, *only)
     wrong = [
         r["path"]
         for r in doc.get("results", [])
@@ -131,7 +152,7 @@ def check_release(release: Release, site: Path, profiles: list[str]) -> None:
         "ok" if restored else f"exit {code}; differ from RECORD: {wrong}; backups left: {len(left)}"
     )
 
-    for name in profiles:
+    for name in profiles if release.sglang else []:  # a profile serves sglang
         floors = [x.version for x in SpecifierSet(load_profile(name).sglang or "") if x.operator == ">="]
         if any(Version(release.sglang) < Version(f) for f in floors):  # below its proven range: refused, by design
             release.profiles[name] = f"n/a (needs sglang >={max(floors, key=Version)})"
@@ -148,35 +169,48 @@ def check_release(release: Release, site: Path, profiles: list[str]) -> None:
 def install(release: Release, site: Path, members: list[str] | None) -> None:
     if release.flashinfer:
         wheels.install(site, "flashinfer-python", release.flashinfer, members)
-    wheels.install(site, "sglang", release.sglang, members)
+    if release.sglang:
+        wheels.install(site, "sglang", release.sglang, members)
 
 
 def report(releases: list[Release], patch_ids: list[str], profiles: list[str]) -> str:
     today = dt.date.today().isoformat()
+    package = {p.id: p.package for p in load_patches()}
+    sglang = [r.sglang for r in releases if r.sglang]
+    alone = [r.flashinfer for r in releases if not r.sglang]
+    scope = [f"sglang {', '.join(sglang)}, each with the flashinfer-python release it pins"] if sglang else []
+    scope += [f"flashinfer-python {', '.join(alone)} on their own (their patches only)"] if alone else []
     lines = [
         f"# sm120kit conformance, {today}",
         "",
-        f"sm120kit {__version__}; {len(patch_ids)} shipped patches; sglang {', '.join(r.sglang for r in releases)}, "
-        "each with the flashinfer-python release it pins. Cells: the outcome of `sm120kit status` before patching; "
-        "**bold** is an error or unproven.",
+        f"sm120kit {__version__}; {len(patch_ids)} shipped patches; {'; '.join(scope) or 'no release'}. "
+        "Cells: the outcome of `sm120kit status` before patching; **bold** is an error or unproven; "
+        "- is a patch of a package not installed.",
         "",
         "## Patch outcomes",
         "",
         "| sglang | flashinfer | " + " | ".join(f"`{p}`" for p in patch_ids) + " |",
         "|---|---|" + "---|" * len(patch_ids),
     ]
-    for r in releases:
-        cells = [_cell(r.cells[p]) if p in r.cells else "**missing**" for p in patch_ids]
-        lines.append(f"| {r.sglang} | {r.flashinfer or '-'} | " + " | ".join(cells) + " |")
+
+    def row(r: Release) -> str:
+        return f"| {r.sglang or '-'} | {r.flashinfer or '-'} | "
+
+    def cell(r: Release, patch_id: str) -> str:
+        if patch_id in r.cells:
+            return _cell(r.cells[patch_id])
+        return "-" if package.get(patch_id) not in r.packages else "**missing**"
+
+    lines += [row(r) + " | ".join(cell(r, p) for p in patch_ids) + " |" for r in releases]
     steps = list(releases[0].steps) if releases else []
     lines += [
         "",
         "## Lifecycle",
         "",
-        "| sglang | " + " | ".join(f"`{s}`" for s in steps) + " |",
-        "|---|" + "---|" * len(steps),
+        "| sglang | flashinfer | " + " | ".join(f"`{s}`" for s in steps) + " |",
+        "|---|---|" + "---|" * len(steps),
     ]
-    lines += [f"| {r.sglang} | " + " | ".join(r.steps.get(s, "-") for s in steps) + " |" for r in releases]
+    lines += [row(r) + " | ".join(r.steps.get(s, "-") for s in steps) + " |" for r in releases]
     lines += [
         "",
         "## Profiles (`sm120kit profile check`)",
@@ -184,32 +218,58 @@ def report(releases: list[Release], patch_ids: list[str], profiles: list[str]) -
         "| sglang | " + " | ".join(profiles) + " |",
         "|---|" + "---|" * len(profiles),
     ]
-    lines += [f"| {r.sglang} | " + " | ".join(r.profiles.get(p, "-") for p in profiles) + " |" for r in releases]
-    failures = [(r.sglang, f) for r in releases for f in r.failures]
+    # A profile serves sglang: a flashinfer release alone renders none.
+    lines += [
+        f"| {r.sglang} | " + " | ".join(r.profiles.get(p, "-") for p in profiles) + " |" for r in releases if r.sglang
+    ]
+    failures = [(r.name, f) for r in releases for f in r.failures]
     lines += ["", "## Verdict", ""]
-    lines += [f"- sglang {v}: {f}" for v, f in failures] or ["Every cell is settled and proven."]
+    lines += [f"- {name}: {f}" for name, f in failures] or ["Every cell is settled and proven."]
     return "\n".join(lines) + "\n"
 
 
-def resolve_releases(args) -> list[str]:
-    if args.window:
-        return list(wheels.SGLANG_WINDOW)
-    for text in args.releases:
+def release_numbers(names: list[str], what: str, example: str) -> list[str]:
+    for text in names:
         try:
             Version(text)
         except InvalidVersion:
-            raise wheels.FetchError(f"{text!r} is not a release number (e.g. 0.5.23)") from None
-    return args.releases or [wheels.latest("sglang")]
+            raise wheels.FetchError(f"{what}{text!r} is not a release number (e.g. {example})") from None
+    return names
+
+
+def resolve_releases(args) -> list[Release]:
+    """The sglang releases (each with its pin), then the flashinfer-python releases alone;
+    every name is checked before anything is fetched."""
+    flashinfer = release_numbers(args.flashinfer, "--flashinfer ", FLASHINFER_PAST_PINS[-1])
+    sglang = release_numbers(args.releases, "", wheels.SGLANG_WINDOW[-1])
+    if args.window:
+        sglang = list(wheels.SGLANG_WINDOW)
+        flashinfer = [*FLASHINFER_PAST_PINS, *(v for v in flashinfer if v not in FLASHINFER_PAST_PINS)]
+    elif args.latest or not (sglang or flashinfer):
+        sglang = [wheels.latest("sglang")]
+    return [Release(v, wheels.flashinfer_pin(v)) for v in sglang] + [Release(None, v) for v in flashinfer]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("releases", nargs="*", metavar="RELEASE", help="sglang releases (default: --latest)")
+    parser.add_argument(
+        "--flashinfer",
+        nargs="+",
+        default=[],
+        metavar="RELEASE",
+        help="flashinfer-python releases, each checked on its own (its patches only)",
+    )
     group = parser.add_mutually_exclusive_group()
     group.add_argument(
         "--latest", action="store_true", help="the newest sglang release on the package index (the default)"
     )
-    group.add_argument("--window", action="store_true", help="every release in the proven window (sm120kit/wheels.py)")
+    group.add_argument(
+        "--window",
+        action="store_true",
+        help="every sglang release in the proven window (sm120kit/wheels.py), and the flashinfer-python "
+        "releases proven past its pins",
+    )
     parser.add_argument(
         "--report", type=Path, default=Path("sm120kit-conformance.md"), help="where the Markdown report goes"
     )
@@ -219,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the scratch sites (printed)")
     args = parser.parse_args(argv)
     if args.releases and (args.latest or args.window):
-        parser.error("name releases, or --latest, or --window")
+        parser.error("name sglang releases, or --latest, or --window")
 
     patch_ids = [p.id for p in load_patches()]
     # A base profile (no model: a node to extend) is not served on its own.
@@ -232,15 +292,14 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="sm120kit-conformance-"))
     releases: list[Release] = []
     try:
-        for version in resolve_releases(args):
-            release = Release(version, wheels.flashinfer_pin(version))
-            site = scratch / version / "site-packages"
+        for release in resolve_releases(args):
+            site = scratch / release.name.replace(" ", "-") / "site-packages"
             install(release, site, members)
             check_release(release, site, profiles)
             releases.append(release)
+            pinned = f" (flashinfer {release.flashinfer})" if release.sglang else ""
             print(
-                f"sglang {version} (flashinfer {release.flashinfer}): "
-                + ("ok" if not release.failures else f"{len(release.failures)} problem(s)")
+                f"{release.name}{pinned}: " + ("ok" if not release.failures else f"{len(release.failures)} problem(s)")
             )
     except wheels.FetchError as exc:
         print(f"conformance: error: {exc}", file=sys.stderr)

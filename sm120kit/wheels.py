@@ -52,6 +52,11 @@ SGLANG_WINDOW = (
     "0.5.23",
 )
 
+# flashinfer-python releases newer than the one the window's last sglang pins, on which the
+# flashinfer patches are proven too (tests/test_flashinfer_patches.py; conformance --window).
+# There is no 0.7.3 on the index.
+FLASHINFER_PAST_PINS = ("0.7.2.post1", "0.7.4")
+
 # The releases from 0.5.12 on are cp311 manylinux wheels; the .py sources are the same
 # on every platform, so one tag set serves any machine (a Mac included).
 PLATFORM = [

@@ -1,6 +1,7 @@
 """The flashinfer-python SM120 patches on the real code of every flashinfer release that
-sglang 0.5.9-0.5.23 pins: before/after source, no-op cases, unknown shapes, and the
-patched code executed (arch suffix, nvcc flags) with a faked GPU and toolkit."""
+sglang 0.5.9-0.5.23 pins, and of those past the pins (0.7.2.post1, 0.7.4: `pip install -U
+flashinfer-python`): before/after source, no-op cases, unknown shapes, and the patched code
+executed (arch suffix, nvcc flags) with a faked GPU and toolkit."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ from sm120kit.patching.transform import run_rewrites
 
 # sglang release -> the flashinfer-python it pins (Requires-Dist in the wheel's METADATA).
 PINS = {v: flashinfer_pin(v) for v in WINDOW}
-FLASHINFER = sorted(set(PINS.values()), key=Version)
+# Every flashinfer release the patches are proven on: the pins, then the releases past them.
+FLASHINFER_PAST_PINS = wheels.FLASHINFER_PAST_PINS
+FLASHINFER = sorted({*PINS.values(), *FLASHINFER_PAST_PINS}, key=Version)
 
 PATCHES = {p.id: p for p in load_patches() if p.package == "flashinfer-python"}
 ARCH = PATCHES["flashinfer-sm120-arch-suffix"]
@@ -91,13 +94,21 @@ def test_pins_are_what_the_sglang_wheels_require():
 
 
 def test_every_pinned_release_is_covered_and_settled():
-    """Each patch is proven on every pinned flashinfer: it applies below its fix release
-    and finds the fix in the code from it on."""
+    """Each patch is proven on every pinned flashinfer and those past the pins: it applies
+    below its fix release and finds the fix in the code from it on."""
     for patch in PATCHES.values():
         assert patch.package == "flashinfer-python" and patch.fixed_in
         assert buggy(patch) and fixed(patch), patch.id
         for version in FLASHINFER:
             assert len(patch.rewrites_for(version)) == 1, (patch.id, version)
+        assert patch.last_proven == FLASHINFER[-1], patch.id
+
+
+@pytest.mark.parametrize("version", FLASHINFER_PAST_PINS)
+def test_releases_past_the_pins_are_newer_than_every_pin(version):
+    """A post-release sorts after its release (PEP 440): `<=0.7.2` left 0.7.2.post1 out."""
+    assert Version(version) > max(map(Version, PINS.values()))
+    assert wheels.fetch("flashinfer-python", version).name.startswith(f"flashinfer_python-{version}-")
 
 
 # -- before / after on every release that needs the patch --------------------------------
@@ -262,17 +273,17 @@ CAPABILITIES = [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (11, 0
 
 @pytest.mark.parametrize("cuda", ["12.8", "12.9", "13.0"])
 def test_arch_suffix_matches_upstream(cuda, monkeypatch):
-    """Patched 0.6.3 targets what the newest pinned release targets on every GPU (where
+    """Patched 0.6.3 targets what the newest proven release targets on every GPU (where
     that one does not refuse the toolkit); unpatched 0.6.3 gives SM 12.0 compute_120a."""
     before = wheel_file("0.6.3", ARCH.rewrites[0].path)
     after = patched(ARCH.id, "0.6.3")
-    upstream = load_context(wheel_file("0.7.2", ARCH.rewrites[0].path), monkeypatch, [], cuda)
+    upstream = load_context(wheel_file(FLASHINFER[-1], ARCH.rewrites[0].path), monkeypatch, [], cuda)
     for major, minor in CAPABILITIES:
         old = load_context(before, monkeypatch, [(major, minor)], cuda)().TARGET_CUDA_ARCHS
         new = load_context(after, monkeypatch, [(major, minor)], cuda)().TARGET_CUDA_ARCHS
         try:
             want = upstream._normalize_cuda_arch(major, minor)
-        except RuntimeError:  # 0.7.2 refuses SM 12.1 below CUDA 12.9; 0.6.3 keeps 121a
+        except RuntimeError:  # 0.7.x refuses SM 12.1 below CUDA 12.9; 0.6.3 keeps 121a
             want = (major, f"{minor}a")
         assert new == {want}, (major, minor, cuda)
         if (major, minor) != (12, 0) or cuda == "12.8":
@@ -383,6 +394,34 @@ def test_sm120_gemm_modules_get_the_flag(version, function):
     old, new = jit_cuda_flags(before, function), jit_cuda_flags(patched(GEMM.id, version), function)
     assert GDC not in old and new == [*old, GDC]
     assert new == jit_cuda_flags(wheel_file(fixed(GEMM)[0], GEMM.rewrites[0].path), function)
+
+
+# -- what a release found fixed upstream builds (the fixed-upstream outcome's ground truth) --
+
+
+@pytest.mark.parametrize("version", fixed(ARCH))
+@pytest.mark.parametrize(
+    "capability, target",
+    [pytest.param((12, 0), (12, "0f"), id="sm120"), pytest.param((10, 0), (10, "0a"), id="sm100")],
+)
+def test_fixed_releases_target_compute_120f_on_sm120(version, capability, target, monkeypatch):
+    """The release's own CompilationContext on a faked GPU and CUDA 13.0: SM 12.0 gets the
+    family target the patch gives 0.6.3, SM 10.0 keeps its "a" target."""
+    context = load_context(wheel_file(version, ARCH.rewrites[0].path), monkeypatch, [capability], "13.0")()
+    assert {target} == context.TARGET_CUDA_ARCHS
+
+
+@pytest.mark.parametrize("version", fixed(MOE))
+def test_fixed_releases_build_the_fused_moe_module_with_the_flag(version):
+    flags = moe_flags(wheel_file(version, MOE.rewrites[0].path))
+    assert GDC in flags and GDC_SM90 not in flags and flags[-1] == GENCODE
+
+
+@pytest.mark.parametrize("version", fixed(GEMM))
+@pytest.mark.parametrize("function", sorted(SM120_FUNCTIONS[GEMM.id]))
+def test_fixed_releases_build_the_sm120_gemm_modules_with_the_flag(version, function):
+    flags = jit_cuda_flags(wheel_file(version, GEMM.rewrites[0].path), function)
+    assert GDC in flags and GDC_SM90 not in flags
 
 
 # -- through the engine and the CLI ------------------------------------------------------

@@ -1,5 +1,5 @@
 """A release past the proven window: the real sglang 0.5.23 and the flashinfer-python it
-pins (0.7.2), with only their versions raised to 0.5.24 and 0.7.3 -- what the next upstream
+pins (0.7.2), with only their versions raised to 0.5.24 and 0.7.5 -- what the next upstream
 release looks like for the bugs still open upstream. Every shipped patch gets its outcome:
 the open ones run by the shape of the code and are marked unproven, the fixed ones are
 fixed-upstream by version; a moved anchor is an error that says what to do."""
@@ -24,11 +24,13 @@ from conftest import (
 )
 from standin import free_port
 
+from sm120kit import wheels
 from sm120kit.patching.registry import load_patches
 
 UNPROVEN = "unproven on sglang 0.5.24 (proven 0.5.9–0.5.23)"
 DSA = "sglang-dsa-page-table-guard"
 SMEM = "sglang-triton-smem-sm120"
+MLA = "sglang-trtllm-mla-prefill-sm120"
 FORWARD_MHA = "sglang/srt/models/deepseek_common/attention_forward_methods/forward_mha.py"
 PREFILL = "sglang/kernels/ops/attention/prefill_attention.py"
 
@@ -45,13 +47,17 @@ EXPECTED = {
     ("flashinfer-sm120-arch-suffix", "flashinfer/compilation_context.py"): ("fixed-upstream", False),
     ("flashinfer-sm120-gemm-gdc", "flashinfer/jit/gemm/core.py"): ("fixed-upstream", False),
     ("flashinfer-sm120-fused-moe-gdc", "flashinfer/jit/fused_moe.py"): ("fixed-upstream", False),
+    ("sglang-trtllm-mla-prefill-sm120", "sglang/srt/arg_groups/overrides.py"): ("would-apply", True),
+    ("sglang-nvfp4-moe-runner-sm120", "sglang/srt/layers/quantization/modelopt_quant.py"): ("would-apply", True),
+    ("sglang-trtllm-mha-fp8-kv-sm120", "sglang/srt/mem_cache/kv_cache_dtype.py"): ("would-apply", True),
+    ("sglang-dsa-kpool-sm120", "sglang/srt/layers/attention/dsa/dsa_backend_kpool.py"): ("would-apply", True),
 }
 
 
 def test_the_patches_end_their_window_where_the_tests_do():
     """A window extended in sm120kit/wheels.py and not in a patch (or the reverse)
     would call a tested release unproven, or an untested one proven."""
-    last = {"sglang": WINDOW[-1], "flashinfer-python": flashinfer_pin(WINDOW[-1])}
+    last = {"sglang": WINDOW[-1], "flashinfer-python": wheels.FLASHINFER_PAST_PINS[-1]}
     assert {p.id: p.last_proven for p in load_patches()} == {p.id: last[p.package] for p in load_patches()}
 
 
@@ -59,7 +65,7 @@ def test_the_patches_end_their_window_where_the_tests_do():
 def future(site):
     install(site, "0.5.23")
     raise_version(site, "sglang", "0.5.24")
-    raise_version(site, "flashinfer-python", "0.7.3")
+    raise_version(site, "flashinfer-python", "0.7.5")
     return site
 
 
@@ -85,20 +91,22 @@ def test_status_triages_a_release_past_the_window(future, cli):
     assert found[(DSA, FORWARD_MHA)]["unproven"] == UNPROVEN
     assert found[(DSA, FORWARD_MHA)]["proven_window"] == "0.5.9–0.5.23"
     assert (
-        "fixed upstream in 0.6.7 (by version; proven 0.6.3–0.7.2)"
+        "fixed upstream in 0.6.7 (by version; proven 0.6.3–0.7.4)"
         in found[("flashinfer-sm120-arch-suffix", "flashinfer/compilation_context.py")]["detail"]
     )
-    assert {(r["patch"], r["path"]) for r in doc["unproven"]} == {(DSA, FORWARD_MHA), (SMEM, PREFILL)}
+    assert {(r["patch"], r["path"]) for r in doc["unproven"]} == {
+        k for k, (_, unproven) in EXPECTED.items() if unproven
+    }
     code, out, _ = cli("status", "--site", future, "--wide")  # each line whole, as the assertions quote it
     assert code == 1
-    assert f"{UNPROVEN}: {DSA}, {SMEM} (run by the shape of the code)" in out
+    assert f"{UNPROVEN}: {DSA}, {SMEM}, {MLA} (run by the shape of the code)" in out
 
 
 def test_patch_verify_past_the_window_applies_by_shape_and_says_unproven(future, cli):
     code, out, err = cli("patch", "--verify", "--site", future, "--wide")
     assert code == 0, out + err
-    assert "6 fixed-upstream, 2 applied" in out
-    assert f"{UNPROVEN}: {DSA}, {SMEM} (run by the shape of the code)" in out
+    assert "6 fixed-upstream, 6 applied" in out
+    assert f"{UNPROVEN}: {DSA}, {SMEM}, {MLA} (run by the shape of the code)" in out
     assert (
         "verified: every patch is in place, fixed upstream or not applicable, and matches the ledger; "
         "unproven on this release" in out
@@ -109,8 +117,7 @@ def test_patch_verify_past_the_window_applies_by_shape_and_says_unproven(future,
     code, doc = cli.json("status", "--site", future)
     assert code == 0
     assert {k: r["outcome"] for k, r in rows(doc).items() if not r["proven"]} == {
-        (DSA, FORWARD_MHA): "already-applied",
-        (SMEM, PREFILL): "already-applied",
+        k: "already-applied" for k, (_, unproven) in EXPECTED.items() if unproven
     }
 
     code, doc = cli.json("unpatch", "--site", future)
@@ -167,7 +174,7 @@ def test_allow_missing_goes_on_and_is_recorded_for_that_release(future, cli):
     move_anchor(future)
     code, out, _ = cli("patch", "--verify", "--site", future, "--allow-missing", DSA)
     assert code == 0, out
-    assert "1 anchor-missing (allowed), 1 applied" in out and "verified" in out
+    assert "6 fixed-upstream, 5 applied, 1 anchor-missing (allowed)" in out and "verified" in out
     assert (future / PREFILL).read_bytes() != wheel_bytes("0.5.23", PREFILL)
 
     # Recorded: later runs without the flag accept it on this release, and say since when.
@@ -245,11 +252,11 @@ def test_serve_preflight_refuses_a_moved_anchor_with_the_same_words(future, tmp_
 
     # Allowed on the command line: the other patches still have to be in place.
     code, out = serve_check(python, tmp_path / "state", "--allow-missing", DSA)
-    assert code == 1 and f"FAIL patches: not in place: {SMEM}: would-apply" in out
+    assert code == 1 and f"{SMEM}: would-apply" in out and "FAIL patches: not in place: " in out
     assert cli("patch", "--site", future, "--allow-missing", DSA)[0] == 0
     code, out = serve_check(python, tmp_path / "state")  # the allowance is in the ledger
     # Unproven past the window: a warning, as doctor says it, and serve still starts.
-    assert code == 0 and "WARN patches: 6 in place, fixed upstream or not needed" in out
+    assert code == 0 and "WARN patches: 6 in place, fixed upstream or not needed" in out, out
     assert "-> run by the shape of the code on a release newer than they were proven on" in out
     assert f"{SMEM}: {UNPROVEN}" in out and f"{DSA}: anchor-missing on sglang 0.5.24, allowed" in out
 

@@ -99,6 +99,6 @@ PATCH = Patch(
     fixed_in="0.6.7",
     rewrites=(
         # 0.6.3 carries the bug; from 0.6.7 the transform only confirms the upstream rule.
-        Rewrite("flashinfer/compilation_context.py", ">=0.6.3,<=0.7.2", use_family_target),
+        Rewrite("flashinfer/compilation_context.py", ">=0.6.3,<=0.7.4", use_family_target),
     ),
 )

@@ -87,6 +87,6 @@ PATCH = Patch(
     fixed_in="0.6.8",
     rewrites=(
         # 0.6.3 and 0.6.7.postN carry the bug; from 0.6.8 the transform only confirms the flag.
-        Rewrite("flashinfer/jit/fused_moe.py", ">=0.6.3,<=0.7.2", enable_gdc),
+        Rewrite("flashinfer/jit/fused_moe.py", ">=0.6.3,<=0.7.4", enable_gdc),
     ),
 )

@@ -131,6 +131,6 @@ PATCH = Patch(
     fixed_in="0.6.7",
     rewrites=(
         # 0.6.3 carries the bug; from 0.6.7 the transform only confirms the upstream flag.
-        Rewrite("flashinfer/jit/gemm/core.py", ">=0.6.3,<=0.7.2", enable_gdc),
+        Rewrite("flashinfer/jit/gemm/core.py", ">=0.6.3,<=0.7.4", enable_gdc),
     ),
 )
