@@ -251,11 +251,144 @@ def serve_cases(tmp: Path) -> list[tuple[str, list, dict, int]]:
     return cases
 
 
+# -- issue 25, items 9, 10, 32, 31 (the rest): URLs, what render writes, ps records, server_args --
+
+
+def first_day_cases(tmp: Path) -> list[tuple[str, list, dict, int]]:
+    """Every URL option through the one parser; every value render writes (User=, control
+    characters, Kubernetes names, docker's volume paths); run records with odd values; a
+    target whose server_args module is garbage."""
+    root = tmp / "first-day"
+    root.mkdir()
+    cases = []
+    for url in (
+        "http://[::1",
+        "http://[::1]x:30000",
+        "http://::1:30000",
+        "http://[nope]:30000",
+        "http://127.0.0.1:30000/v1",
+        "http://127.0.0.1:30000?x=1",
+        "http://user:pw@127.0.0.1:30000",
+        "http://127.0.0.1:30000\n",
+        "http://127.0.0.1 :30000",
+        "http://127.0.0.1",
+        "http://127.0.0.1:99999",
+        "http://127.0.0.1:abc",
+        "ftp://127.0.0.1:30000",
+        "",
+    ):
+        for command in ("smoke", "bench"):
+            cases.append((f"{command} --url {url!r}", [command, "--url", url], {}, 2))
+        if url:
+            replica = ["--set", f"fleet.replica=[{{url={json.dumps(url)}}}]", "--set", "fleet.replicas=1"]
+            cases.append(
+                (
+                    f"fleet replica url {url!r}",
+                    ["profile", "show", "standin-fleet", "--profile-dir", PROFILES, *replica],
+                    {},
+                    2,
+                )
+            )
+    for key, value in (("server.host", "a b"), ("server.host", "[::1"), ("fleet.replica_host", "10.0.0.1/24")):
+        sets = ["--set", f"{key}={value}", "--set", "server.api_key_env=K"]
+        cases.append(
+            (f"--set {key}={value!r}", ["profile", "show", "standin-fleet", "--profile-dir", PROFILES, *sets], {}, 2)
+        )
+    node = ["--set", 'fleet.replica=[{node="10.0.0.7/x", port=30001}]', "--set", "fleet.replicas=1"]
+    cases.append(
+        (
+            "fleet replica node '10.0.0.7/x'",
+            ["profile", "show", "standin-fleet", "--profile-dir", PROFILES, *node],
+            {},
+            2,
+        )
+    )
+
+    render = ["render", "systemd", "glm5-nvfp4"]
+    for user in ("root;rm -rf /", "sglang\nExecStartPre=/bin/sh", "65535", "0100", "a/b", "-x", "a" * 32):
+        cases.append((f"render systemd --unit-user {user!r}", [*render, f"--unit-user={user}"], {}, 2))
+    for target, option, value in (
+        ("systemd", "--env-file", "/etc/k.env\nExecStartPre=/bin/sh"),
+        ("systemd", "--state-dir", "/var/lib/s\rx"),
+        ("systemd", "--sm120kit", "/opt/bin/sm120kit\nx"),
+        ("systemd", "--python", "/opt/bin/python\nx"),
+        ("systemd", "--profile-dir", "/etc/p\nx"),
+        ("systemd", "--patch-dir", "/etc/q\x1bx"),
+        ("docker", "--image", "img\nx"),
+        ("docker", "--env-file", "/etc/k.env\nx"),
+        ("docker", "--state-dir", "/var/lib/a:b"),
+        ("docker", "--image-python", "/opt/python\u2028x"),
+        ("k8s", "--image-python", "python3\nx"),
+        ("k8s", "--hf-cache-host-path", "/models\nx"),
+        ("k8s", "--secret", "My_Key"),
+        ("k8s", "--hf-cache-claim", "-cache"),
+    ):
+        image = ["--image", "img"] if target != "systemd" and option != "--image" else []
+        cases.append(
+            (
+                f"render {target} {option} {value!r}",
+                ["render", target, "glm5-nvfp4", f"{option}={value}", *image],
+                {},
+                2,
+            )
+        )
+    cases.append(("render systemd NAME with a newline", ["render", "systemd", "glm5-nvfp4\nUser=root"], {}, 2))
+    for target in ("systemd", "docker", "k8s"):
+        image = ["--image", "img"] if target != "systemd" else []
+        for setting in ("model.served_name=a\rUser=root", "env.HF_HOME=/x\n[Service]"):
+            cases.append(
+                (
+                    f"render {target} --set {setting!r}",
+                    ["render", target, "glm5-nvfp4", "--set", setting, *image],
+                    {},
+                    2,
+                )
+            )
+
+    good = {"profile": "glm5-nvfp4", "status": "ready", "supervisor_pid": 1, "host": "127.0.0.1", "port": 30000}
+    for label, fields in (
+        ("a negative pid", {"supervisor_pid": -5}),
+        ("a pid past pid_max", {"supervisor_pid": 2**40}),
+        ("a negative server pid", {"server_pid": -3}),
+        ("an infinite since", {"since": float("inf")}),
+        ("a NaN since", {"since": float("nan")}),
+        ("a since before 1970", {"since": -1e18}),
+        ("a since far ahead", {"since": 1e300}),
+        ("a NaN supervisor_started", {"supervisor_started": float("nan")}),
+        ("last_health at a word", {"last_health": {"at": "yesterday", "ok": True}}),
+        ("last_health at infinity", {"last_health": {"at": float("inf"), "ok": True}}),
+        ("last_health ok a word", {"last_health": {"ok": "yes"}}),
+        ("last_health a list", {"last_health": [True]}),
+    ):
+        state = root / "state" / label.replace(" ", "-")
+        record = state / "serve" / "glm5-nvfp4" / "state.json"
+        record.parent.mkdir(parents=True)
+        record.write_text(json.dumps({**good, **fields}))
+        cases.append((f"ps over a record with {label}", ["ps"], {"SM120KIT_STATE_DIR": str(state)}, 2))
+
+    vendor = root / "vendor" / "site-packages"
+    vendor.mkdir(parents=True)
+    install(vendor, "0.5.23", flashinfer=False)
+    for label, data in (
+        ("not Python", b"def (:\n"),
+        ("NUL bytes", b"x = 1\x00\n"),
+        ("not UTF-8", b'x = "\xff"\n'),
+        ("a binary", bytes(range(256)) * 4),
+        ("nested too deep", b"x = " + b"[" * 5000 + b"]" * 5000 + b"\n"),
+    ):
+        site = root / label.replace(" ", "-") / "site-packages"
+        shutil.copytree(vendor, site, symlinks=True)
+        (site / "sglang" / "srt" / "server_args.py").write_bytes(data)
+        for argv in (["serve", "glm5-nvfp4", "--dry-run"], ["profile", "check", "glm5-nvfp4"]):
+            cases.append((f"{' '.join(argv[:2])}: server_args.py {label}", [*argv, "--site", site], {}, 2))
+    return cases
+
+
 def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="sm120kit-bad-inputs-"))
     try:
         state = {"SM120KIT_STATE_DIR": str(tmp / "state")}
-        cases = patch_cases(Sites(tmp), tmp) + serve_cases(tmp)
+        cases = patch_cases(Sites(tmp), tmp) + serve_cases(tmp) + first_day_cases(tmp)
         tally = {"tried": 0, "clear": 0, "internal error": 0, "wrong exit code": 0}
         for label, argv, env, want in cases:
             proc = sm120kit(argv, {**state, **env}, cwd=tmp)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 
 class UserError(Exception):
     """Bad input or a state the user must resolve. The CLI prints it and exits 2."""
@@ -31,3 +34,25 @@ def internal_error(exc: Exception) -> str:
     return (
         f"sm120kit: internal error: {type(exc).__name__}: {exc}\n  rerun with --debug for the traceback and report it"
     )
+
+
+# What the running command changed for good (a transaction that committed): an error after
+# that is reported with it and exits 4 (ExitCode.AFTER_CHANGE), never as "nothing was written".
+_changes: list[str] = []
+
+
+def record_change(what: str) -> None:
+    """A change is durable now (the commit point of a transaction): `what` says which."""
+    _changes.append(what)
+
+
+@contextlib.contextmanager
+def changes_of_one_command() -> Iterator[list[str]]:
+    """The changes recorded while one command runs (a command run inside another, as `try`
+    runs its steps, keeps its own)."""
+    global _changes
+    outer, _changes = _changes, []
+    try:
+        yield _changes
+    finally:
+        _changes = outer

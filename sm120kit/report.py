@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 import textwrap
 import time
@@ -106,50 +107,73 @@ def table(
     width: int | None = None,
     narrow: Sequence[int] = (),
     notes: Sequence[str] | None = None,
+    whole: Sequence[int] = (),
 ) -> str:
     """Columns padded to their widest cell, two spaces apart (no header line when every
     header is empty). Fitted to `width` (None: as wide as the cells): the `narrow` columns
     (indices) give up width, the widest first, down to their header's (8 at least), and
-    their cells wrap within them. A row's note follows it on lines of its own, indented and wrapped: the long
-    text (a file, a detail, a summary) that no column could hold."""
+    their cells wrap within them; first only as far as each cell still breaks at a space,
+    a "/", a "-", a "–" or a ",", then further. The `whole` columns hold ids (a patch id,
+    a failure id: what users copy into a command): never broken inside one, a narrow one
+    gives up width only down to its longest id. A row's note follows it on lines of its
+    own, indented and wrapped: the long text (a file, a detail, a summary) that no column
+    could hold."""
     cells = [[str(c) for c in r] for r in rows]
     count = len(headers)
+    whole = {i % count for i in whole}
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
     if width is not None:
         floors = {i % count: max(len(headers[i % count]), NARROWEST_COLUMN) for i in narrow}
+        for i in floors.keys() & whole:
+            floors[i] = max([floors[i], *(len(word) for r in cells for word in r[i].split())])
+        clean = {i: max([floor, *(_longest_piece(r[i]) for r in cells)]) for i, floor in floors.items()}
         excess = sum(widths) + 2 * (count - 1) - width
-        while excess > 0:
-            shrinkable = [i for i, floor in floors.items() if widths[i] > floor]
-            if not shrinkable:
-                break  # the fixed columns alone are wider: better too wide than unreadable
-            widest = max(shrinkable, key=widths.__getitem__)
-            widths[widest] -= 1
-            excess -= 1
+        for limits in (clean, floors):  # clean breaks first; then any, rather than a line too wide
+            while excess > 0:
+                shrinkable = [i for i, floor in limits.items() if widths[i] > floor]
+                if not shrinkable:
+                    break  # the fixed columns alone are wider: better too wide than unreadable
+                widest = max(shrinkable, key=widths.__getitem__)
+                widths[widest] -= 1
+                excess -= 1
     lines = _table_row(headers, widths) if any(headers) else []
     for i, row in enumerate(cells):
-        lines += _table_row(row, widths)
+        lines += _table_row(row, widths, whole)
         if notes and notes[i]:
             lines.append(wrap(notes[i], width, indent="  "))
     return "\n".join(lines)
 
 
-def _table_row(row: Sequence[str], widths: list[int]) -> list[str]:
-    parts = [_cell_lines(cell, w) for cell, w in zip(row, widths)]
+def _table_row(row: Sequence[str], widths: list[int], whole: set[int] = frozenset()) -> list[str]:
+    parts = [_cell_lines(cell, w, i in whole) for i, (cell, w) in enumerate(zip(row, widths))]
     height = max(len(p) for p in parts)
     return [
         "  ".join((p[k] if k < len(p) else "").ljust(w) for p, w in zip(parts, widths)).rstrip() for k in range(height)
     ]
 
 
-def _cell_lines(cell: str, width: int) -> list[str]:
-    """A cell broken to `width`: at spaces, else (a path) after a "/", else anywhere."""
+_BREAKS = ("/", "-–,")  # where a cell without spaces breaks: after a "/" (a path), else after these
+
+
+def _longest_piece(cell: str) -> int:
+    """The widest piece a cell breaks into at its clean break points (spaces, _BREAKS)."""
+    if " " in cell.strip():
+        return max((len(word) for word in cell.split()), default=0)
+    return max(len(piece) for piece in re.split(r"(?<=[/\-–,])", cell))
+
+
+def _cell_lines(cell: str, width: int, whole: bool = False) -> list[str]:
+    """A cell broken to `width`: at spaces, else (a path) after a "/", else after a "-",
+    "–" or ",", else anywhere; ids (`whole`) only at spaces."""
     if len(cell) <= width:
         return [cell]
+    if whole:
+        return textwrap.wrap(cell, width, break_long_words=False, break_on_hyphens=False)
     if " " in cell.strip():
         return textwrap.wrap(cell, width, break_on_hyphens=False)
     lines = []
     while len(cell) > width:
-        cut = cell.rfind("/", 0, width) + 1 or width
+        cut = next((c for marks in _BREAKS if (c := max(cell.rfind(m, 0, width) for m in marks) + 1)), width)
         lines.append(cell[:cut])
         cell = cell[cut:]
     return [*lines, cell]
@@ -285,7 +309,7 @@ def patch_listing(patches: list[Patch], shipped: str, width: int | None = None) 
     if width is None:
         text = table([*headers, "SUMMARY"], [[*r, s] for r, s in zip(rows, summaries)])
     else:
-        text = table(headers, rows, width, narrow=(0, 3), notes=summaries)
+        text = table(headers, rows, width, narrow=(1, 2, 3), notes=summaries, whole=(0,))
     return "\n\n".join([text, *details]), docs
 
 
@@ -347,7 +371,7 @@ def print_plan(plan: Plan, debug: bool, width: int | None = None) -> None:
     print_cache_notes(plan, width)
     print(findings_table(plan.findings, debug, width))
     for patch in {f.patch.id: f.patch for f in plan.findings if f.patch.upstream}.values():
-        print(wrap(f"upstream of {patch.id}: {' '.join(patch.upstream)}", width))
+        print(wrap(f"upstream of {patch.id}: {patch.upstream[0]}", width))  # all of them: `sm120kit patches`
     for hint in dict.fromkeys(f"{f.patch.id}: {f.hint}" for f in plan.errors if f.hint):
         print(wrap(f"next: {hint}", width))
     if unproven := unproven_summary(plan):
@@ -372,7 +396,7 @@ def findings_table(findings: list[Finding], debug: bool, width: int | None = Non
             [*headers, "FILE", "DETAIL"], [[*r, f.path or NONE, _detail(f, debug)] for r, f in zip(rows, findings)]
         )
     notes = [": ".join(x for x in (f.path, _detail(f, debug)) if x) for f in findings]
-    return table(headers, rows, width, narrow=(0, 1), notes=notes)
+    return table(headers, rows, width, narrow=(1, 2, 3, 4), notes=notes, whole=(0,))
 
 
 def summary(findings: list[Finding]) -> str:
@@ -422,8 +446,9 @@ def restore_table(rows: list[Restore], width: int | None = None) -> str:
         ["PATCHES", "PACKAGE", "VERSION", "OUTCOME"],
         [[", ".join(r.patch_ids), r.package, r.version, r.outcome.value] for r in rows],
         width,
-        narrow=(0,),
+        narrow=(0, 1, 2, 3),
         notes=[": ".join(x for x in (r.path, r.detail) if x) for r in rows],
+        whole=(0,),
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from sm120kit import path_limits
 from sm120kit.errors import UserError
 
 SINGULAR = {"patches": "patch", "profiles": "profile"}
@@ -20,8 +21,11 @@ def shipped(kind: str) -> Path:
 
 def search_path(kind: str, option: str, env_var: str, dirs: list[str] | None, last: Path) -> list[Path]:
     """The user's directories (checked to exist), then `last` (the shipped set)."""
-    user = [Path(d).expanduser() for d in dirs or []]
-    user += [Path(d).expanduser() for d in os.environ.get(env_var, "").split(os.pathsep) if d]
+    given = [(option, d) for d in dirs or []]
+    given += [(f"${env_var}", d) for d in os.environ.get(env_var, "").split(os.pathsep) if d]
+    for where, d in given:
+        path_limits.check(where, d)
+    user = [Path(d).expanduser() for _, d in given]
     for d in user:
         if not d.is_dir():
             raise UserError(f"{SINGULAR[kind]} directory {d} does not exist", f"check {option} and ${env_var}")

@@ -19,6 +19,7 @@ from functools import cached_property
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from sm120kit import path_limits
 from sm120kit.errors import UserError
 
 # Asked of a foreign interpreter (--python): where its installed packages live.
@@ -262,12 +263,14 @@ def resolve_target(python: str | None = None, site: str | None = None) -> Target
     if python and site:
         raise UserError("--python and --site name two different targets", "give one of them")
     if site:
+        path_limits.check("--site", site)
         path = Path(site).expanduser()
         if not path.is_dir():
             what = "is not a directory" if path.exists() else "no such directory"
             raise UserError(f"--site {site}: {what}", "point --site at a site-packages directory")
         return Target(f"site {path.resolve()}", [path.resolve()])
     if python:
+        path_limits.check("--python", python)
         return Target(f"python {_executable(python)}", _unique_dirs(_ask_site_dirs(python)))
     paths = sysconfig.get_paths()
     return Target(f"python {sys.executable}", _unique_dirs([paths["purelib"], paths["platlib"], *sys.path]))

@@ -21,6 +21,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -49,6 +50,7 @@ class Interrupted(KeyboardInterrupt):
 class Step:
     name: str
     command: str  # as a user would type it, with $SITE for the scratch site
+    stands_in: str | None = None  # the step is not `command` but does what it would: how (pip is never run)
     exit_code: int | None = None
     proven: str | None = None  # the summary line, when the step did what it should
     problem: str | None = None  # what happened instead
@@ -61,6 +63,7 @@ class Step:
         return {
             "name": self.name,
             "command": self.command,
+            "stands_in": self.stands_in,
             "exit_code": self.exit_code,
             "ok": self.ok,
             "proven": self.proven,
@@ -136,7 +139,8 @@ class Cycle:
             lines.append("next, on the GPU node (and after every `pip install -U sglang`): sm120kit patch --verify")
         else:
             failed = next(s for s in self.steps if not s.ok)
-            lines.append(f"the cycle stopped at `{failed.command}`: that step did not do what it should.")
+            at = f"the step in place of `{failed.command}`" if failed.stands_in else f"`{failed.command}`"
+            lines.append(f"the cycle stopped at {at}: that step did not do what it should.")
         if self.scratch:
             lines.append(f"scratch site kept: SITE={self.scratch / 'site-packages'}")
         return "\n".join(lines)
@@ -263,9 +267,12 @@ class _Runner:
         self.outer = width or report.NOT_A_TERMINAL
         self.width = max(self.outer - 4, report.NARROWEST)
 
-    def show(self, command: str, output: str) -> None:
+    def show(self, command: str, output: str, stands_in: str | None = None) -> None:
+        """A command run (`$ command`), or a step that does what `command` would without
+        running it (a `#` line that says so), then the output, indented."""
         if self.echo:
-            self.echo("\n" + report.wrap(f"$ {command}", self.outer, hanging="    "))
+            head = f"# in place of `{command}` (not run): {stands_in}" if stands_in else f"$ {command}"
+            self.echo("\n" + report.wrap(head, self.outer, hanging="    "))
             for line in _trim(output, self.width):
                 self.echo(f"    {line}")
 
@@ -350,7 +357,7 @@ def _install(run: _Runner, step: Step, versions: dict[str, str], upgrade: bool) 
         lines.append(f"installed {package} {versions[package]}: {unpacked} of its {len(recorded)} files unpacked")
     lines.append("(the files the patches touch and the flag schema is read from)")
     step.exit_code = 0
-    run.show(step.command, "\n".join(lines))
+    run.show(step.command, "\n".join(lines), step.stands_in)
     return changed
 
 
@@ -376,12 +383,43 @@ def _step_status(run: _Runner, step: Step) -> str:
 
 
 def _step_diff(run: _Runner, step: Step) -> str:
-    code, text = run.command(step, "patch", "--diff")
+    code, text, _ = run.cli("patch", "--diff")
+    step.exit_code = code
+    stat = diff_stat(text)
+    added, removed = sum(a for _, a, _ in stat), sum(r for _, _, r in stat)
+    lines = len(text.splitlines())
+    shown = [f"the diff ({_n(lines, 'line')}; the command prints it whole), file by file:"]
+    shown.append(report.table(["", "", ""], [[path, f"+{a}", f"-{r}"] for path, a, r in stat], run.width, (0,)))
+    shown.append(f"{_n(len(stat), 'file')} changed: {_n(added, 'line')} added, {removed} removed")
+    run.show(step.command, "\n".join(shown))
     _expect(code == ExitCode.OK, f"exit {code}, expected 0")
-    shown = {line[len("+++ b/") :].strip() for line in text.splitlines() if line.startswith("+++ b/")}
-    missing = [p["path"] for p in run.cycle.patched if p["path"] not in shown]
+    missing = [p["path"] for p in run.cycle.patched if p["path"] not in {path for path, _, _ in stat}]
     _expect(not missing, f"the diff leaves out {', '.join(missing)}")
-    return f"patch --diff: the change to {_n(len(shown), 'file')}; nothing written"
+    return f"patch --diff: the change to {_n(len(stat), 'file')} (+{added} -{removed} lines); nothing written"
+
+
+def diff_stat(text: str) -> list[tuple[str, int, int]]:
+    """(file, lines added, lines removed) of a unified diff, in its order: each hunk read by
+    the line counts its @@ header gives, so a changed line that starts with "--" or "++" is
+    counted, not taken for a file's header."""
+    stat: list[list] = []
+    old_left = new_left = 0
+    for line in text.splitlines():
+        if old_left > 0 or new_left > 0:
+            if line.startswith("+"):
+                stat[-1][1] += 1
+                new_left -= 1
+            elif line.startswith("-"):
+                stat[-1][2] += 1
+                old_left -= 1
+            elif not line.startswith("\\"):  # "\ No newline at end of file" counts for neither
+                old_left, new_left = old_left - 1, new_left - 1
+        elif line.startswith("+++ "):
+            path = line[4:].split("\t")[0].strip()
+            stat.append([path[2:] if path.startswith("b/") else path, 0, 0])
+        elif (hunk := re.match(r"@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@", line)) and stat:
+            old_left, new_left = int(hunk[1] or 1), int(hunk[2] or 1)
+    return [(path, added, removed) for path, added, removed in stat]
 
 
 def _step_verify(run: _Runner, step: Step) -> str:
@@ -464,14 +502,20 @@ def _step_profile(run: _Runner, step: Step) -> str:
 
 def _steps(cycle: Cycle) -> list[tuple[Step, Callable[[_Runner, Step], str]]]:
     old, new = cycle.old, cycle.new
-    pip = "pip install {}   # as pip does: the wheels unpacked into $SITE"
+    pip = "pip install {}"
+    unpacked = "the wheels unpacked into $SITE, as pip unpacks them"
+    replaced = "the old releases' files out by their RECORD, the new wheels unpacked into $SITE, as pip does it"
     return [
-        (Step("install", pip.format(" ".join(f"{p}=={v}" for p, v in old.items()))), _step_install),
+        (Step("install", pip.format(" ".join(f"{p}=={v}" for p, v in old.items())), unpacked), _step_install),
         (Step("status", "sm120kit status --site $SITE"), _step_status),
         (Step("patch --diff", "sm120kit patch --diff --site $SITE"), _step_diff),
         (Step("patch --verify", "sm120kit patch --verify --site $SITE"), _step_verify),
         (
-            Step("upgrade", pip.format("-U " + " ".join(f"{p}=={v}" for p, v in new.items() if old.get(p) != v))),
+            Step(
+                "upgrade",
+                pip.format("-U " + " ".join(f"{p}=={v}" for p, v in new.items() if old.get(p) != v)),
+                replaced,
+            ),
             _step_upgrade,
         ),
         (Step("status after the upgrade", "sm120kit status --site $SITE"), _step_status_lost),

@@ -24,10 +24,16 @@ PROFILES = ROOT / "tests" / "fixtures" / "profiles"
 
 def make_env_python(root: Path, version: str) -> Path:
     """A python whose environment has sglang==version (its real files) and whose
-    `-m sglang.launch_server` is the stand-in."""
+    `-m sglang.launch_server` is the stand-in (its module too)."""
     site = root / "site-packages"
     site.mkdir()
     install(site, version, flashinfer=False)
+    # sglang's own launch_server.py is not unpacked (its imports need torch): the stand-in's,
+    # whose imports are what serve's preflight reads (sm120kit.node.checks.imports)
+    (site / "sglang" / "launch_server.py").write_text(
+        "# TEST FIXTURE: the stand-in is this environment's sglang server.\n"
+        f"import runpy\n\nrunpy.run_path({str(STANDIN)!r}, run_name='__main__')\n"
+    )
     shim = root / "python"
     shim.write_text(
         f"#!{sys.executable}\n"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from standin import PROFILES, Served, make_env_python
 
-from sm120kit.bench.analysis import BadLevels, Level, compare_rows, parse_levels, table_rows, verdict
+from sm120kit.bench.analysis import DETAILS, BadLevels, Level, compare_rows, parse_levels, table_rows, verdict
 
 # The seeds: before the autotune patch (32 .. 512) and after it (256 .. 1024), total tok/s.
 BEFORE = {32: 438.0, 64: 757.0, 128: 806.0, 256: 879.87, 512: 912.70}
@@ -131,7 +131,8 @@ def test_a_sweep_reports_what_the_client_wrote(server, tmp_path):
         written = json.loads(
             (out / f"c{level['concurrency']}.jsonl").read_text().splitlines()[-1]
         )  # the client's own file
-        assert level["figures"] == written
+        assert level["figures"] == {k: v for k, v in written.items() if k not in DETAILS}  # the texts: sampled
+        assert level["outputs"]["sampled"] == 64 and level["outputs"]["flagged"] == 0
         assert f"total {written['total_throughput']:,.1f} tok/s" in done.stdout
     assert run["finished"] and run["client"] == "sglang.benchmark.serving" and run["versions"]["sglang"] == "0.5.23"
     assert (

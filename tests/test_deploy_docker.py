@@ -133,7 +133,7 @@ def test_the_container_patches_then_serves_the_profile_it_was_rendered_from(name
     sets = ["--set", "engine.max_running_requests=7"]
     run, compose = documents(cli, name, "--image", IMAGE, *sets)
     options, tail = run_options(run)
-    assert options["--entrypoint"] == ["sh"] and tail[:2] == [IMAGE, "-c"]
+    assert options["--entrypoint"] == ["sh"] and tail[:2] == [the_service(compose)["image"], "-c"]  # the built one
     [script] = tail[2:]
     assert the_service(compose)["entrypoint"] == ["sh", "-c", script.replace("$", "$$")]
     *patch, serve = script_commands(script)
@@ -173,7 +173,7 @@ def test_run_line_and_compose_file_say_the_same(cli):
     assert options["--env"] == service["environment"]
     assert "$HOME/.cache/huggingface:/root/.cache/huggingface" in options["--volume"]
     assert "HF_HOME=/root/.cache/huggingface" in options["--env"]
-    assert compose["volumes"] == {"sm120kit-state": {}}
+    assert compose["volumes"] == {"sm120kit-state": {}, "sm120kit-jit": {}}
 
 
 def test_the_api_key_passes_by_name_never_by_value(monkeypatch, cli):
@@ -206,7 +206,7 @@ def test_paths_of_the_host_are_mounted_where_the_container_reads_them(tmp_path, 
     volumes = options["--volume"]
     assert f"{tmp_path / 'mine'}:/etc/sm120kit/profiles/0:ro" in volumes
     assert "/models/GLM-5-NVFP4:/models/GLM-5-NVFP4:ro" in volumes
-    assert "/srv/sm120kit:/var/lib/sm120kit" in volumes and "volumes" not in compose
+    assert "/srv/sm120kit:/var/lib/sm120kit" in volumes and compose["volumes"] == {"sm120kit-jit": {}}
     serve = script_commands(tail[-1])[-1]
     assert serve[:3] == ["sm120kit", "serve", "local"]
     assert serve[serve.index("--profile-dir") + 1] == "/etc/sm120kit/profiles/0"

@@ -229,7 +229,14 @@ class TestAHealthyServer:
         assert done.returncode == 0, done.stdout + done.stderr
         doc = json.loads(done.stdout)
         assert doc["passed"] and doc["failures"] == [] and doc["exit_code"] == 0
-        assert [c["name"] for c in doc["checks"]] == ["answers", "garbage", "under-load", "logprobs", "baseline"]
+        assert [c["name"] for c in doc["checks"]] == [
+            "answers",
+            "garbage",
+            "under-load",
+            "streamed",
+            "logprobs",
+            "baseline",
+        ]
         assert doc["model"] == "glm-5" and doc["sglang"] == "standin" and doc["concurrency"] == 64
         check = {c["name"]: c for c in doc["checks"]}
         assert check["answers"]["right"] == 32 and check["under-load"]["agree"] == 64
@@ -254,7 +261,8 @@ class TestAHealthyServer:
         ]
         assert lines[3].startswith(f"smoke of standin at http://127.0.0.1:{healthy.served.port} (model glm-5")
         assert any(line.startswith("PASS  under-load  burst of 64: 64 right (100 %)") for line in lines)
-        assert lines[-1].startswith("smoke passed: 32/32 answers right, no garbage, burst of 64 agrees on 64/64")
+        summary = next(line for line in lines if line.startswith("smoke passed:"))  # wrapped at 100 columns
+        assert summary.startswith("smoke passed: 32/32 answers right, no garbage, burst of 64 agrees on 64/64")
         again = healthy.smoke("--baseline")  # no FILE: the recorded one
         assert again.returncode == 0 and "baseline |Δ| mean 0.0000 max 0.0000" in again.stdout
 
@@ -375,7 +383,7 @@ def test_answers_wrong_only_under_load_fail_the_burst_alone(tmp_path, env_python
     answers = {t.id: t.answer for t in tasks.generate(0)}
     example = re.search(r"e\.g\. (t\d\d-\w+): alone ' (\S+)', in the burst ' (\S+)'", done.stdout)
     assert example and example[2] == answers[example[1]] and example[3] != example[2], done.stdout
-    assert done.stdout.splitlines()[-1].startswith("smoke FAILED: under-load (1 of 4 checks")
+    assert done.stdout.splitlines()[-1].startswith("smoke FAILED: under-load (1 of 5 checks")
 
 
 def test_the_requests_are_greedy_with_a_seed_that_an_older_release_is_spared(tmp_path):

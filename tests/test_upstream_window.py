@@ -202,7 +202,10 @@ def test_allow_missing_an_unknown_id_is_refused(future, cli, command):
 
 
 def env_python(root, site):
-    """The serving environment's python: this interpreter with `site` on its path."""
+    """The serving environment's python: this interpreter with `site` on its path, whose
+    sglang.launch_server imports nothing the preflight's imports check could miss (the
+    trimmed install leaves the real one, which needs torch, out)."""
+    (site / "sglang" / "launch_server.py").write_text("# TEST FIXTURE: never run by --check\n")
     shim = root / "python"
     shim.write_text(
         f"#!{sys.executable}\nimport os, sys\nos.environ['PYTHONPATH'] = {str(site)!r}\n"

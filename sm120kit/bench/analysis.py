@@ -11,6 +11,14 @@ from dataclasses import dataclass, field
 
 DEFAULT_THRESHOLD = 0.10  # a doubling that gains less than this is a plateau
 MAX_LEVEL = 1_000_000  # concurrent requests in one level (the profile model's MAX_REQUESTS)
+# The client's per-request lists (--output-details): read for the outputs' sample, not kept as figures.
+DETAILS = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors", "cached_tokens")
+DETAILS += ("cached_tokens_details",)
+SAMPLED_OUTPUTS = 64  # generated texts of one client run read through the smoke's garbage detectors
+# A level whose sampled outputs are garbage past this share is not a result. Not any one: the
+# prompts are random token ids and the client ignores EOS, so a healthy model may loop or cut a
+# character in two now and then; a broken numeric path or stream garbles (nearly) all of them.
+GARBAGE_SHARE = 0.5
 
 # (column, key in the client's JSON line, format)
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -50,6 +58,21 @@ class Level:
     figures: dict | None  # the client's JSON line (with --repeat: the median of each figure); None: none
     error: str = ""  # why the level (or, with --repeat, one of its runs) produced no figures
     runs: list[dict | None] = field(default_factory=list)  # with --repeat: each run's JSON line (None: none)
+    outputs: dict | None = None  # what the garbage detectors found in a sample of its generated texts
+
+    @property
+    def garbled(self) -> bool:
+        """Its sampled outputs are garbage (GARBAGE_SHARE): its figures time garbage."""
+        o = self.outputs or {}
+        return bool(o.get("sampled")) and o.get("flagged", 0) > GARBAGE_SHARE * o["sampled"]
+
+    @property
+    def garbage(self) -> str:
+        """ "bang in 16 of 16 sampled outputs (e.g. '!!!!...')": what the detectors found."""
+        o = self.outputs or {}
+        fired = ", ".join(f"{name} in {n}" for name, n in (o.get("detectors") or {}).items() if n)
+        example = f" (e.g. {o['example']})" if o.get("example") else ""
+        return f"{fired or 'nothing'} of {o.get('sampled', 0)} sampled outputs{example}"
 
     @property
     def completed(self) -> int:
@@ -96,7 +119,48 @@ class Level:
         if self.runs:
             low, high = self.bounds or (None, None)
             doc.update(runs=self.runs, total_min=low, total_max=high)
+        if self.outputs is not None:
+            doc["outputs"] = self.outputs
         return doc
+
+
+def sample_outputs(doc: dict) -> dict | None:
+    """The smoke's garbage detectors over up to SAMPLED_OUTPUTS of the texts one client run
+    generated (its --output-details: generated_texts, errors), spread over the run; the
+    requests that failed are not read. None when the run wrote no texts."""
+    from sm120kit.quality import detectors
+
+    texts, errors = doc.get("generated_texts"), doc.get("errors")
+    if not isinstance(texts, list):
+        return None
+    errors = errors if isinstance(errors, list) and len(errors) == len(texts) else [None] * len(texts)
+    answered = [t for t, e in zip(texts, errors) if isinstance(t, str) and not e]
+    step = max(1, len(answered) / SAMPLED_OUTPUTS)
+    sample = [answered[int(k * step)] for k in range(min(SAMPLED_OUTPUTS, len(answered)))]
+    counts = dict.fromkeys(detectors.NAMES, 0)
+    flagged, example = 0, ""
+    for text in sample:
+        fired = detectors.flags(detectors.Output(text))
+        for name in fired:
+            counts[name] += 1
+        if fired:
+            flagged += 1
+            example = example or f"{fired[0]}: {text[:40]!r}{'...' if len(text) > 40 else ''}"
+    return {"sampled": len(sample), "flagged": flagged, "detectors": counts, "example": example}
+
+
+def merge_outputs(found: list[dict | None]) -> dict | None:
+    """The samples of several runs of one level (--repeat), added up."""
+    found = [o for o in found if o]
+    if not found:
+        return None
+    counts = {name: sum(o["detectors"].get(name, 0) for o in found) for name in found[0]["detectors"]}
+    return {
+        "sampled": sum(o["sampled"] for o in found),
+        "flagged": sum(o["flagged"] for o in found),
+        "detectors": counts,
+        "example": next((o["example"] for o in found if o["example"]), ""),
+    }
 
 
 def median_figures(runs: list[dict | None]) -> dict | None:
@@ -115,7 +179,8 @@ def median_figures(runs: list[dict | None]) -> dict | None:
 
 
 def level_from_json(d: dict) -> Level:
-    return Level(d["concurrency"], d["prompts"], d["figures"], d.get("error", ""), d.get("runs") or [])
+    outputs = d.get("outputs") if isinstance(d.get("outputs"), dict) else None
+    return Level(d["concurrency"], d["prompts"], d["figures"], d.get("error", ""), d.get("runs") or [], outputs)
 
 
 def per_doubling(c1: int, t1: float, c2: int, t2: float) -> float:
@@ -146,6 +211,11 @@ def verdict(levels: list[Level], threshold: float = DEFAULT_THRESHOLD, max_runni
     highest after) is under the threshold, and as scaling only when even its lowest is at
     or above it; between the two it is within noise, and said so."""
     ok = [lv for lv in levels if lv.total]
+    garbage = [
+        f"concurrency {lv.concurrency}: its outputs are GARBAGE: {lv.garbage} — these figures time garbage, not answers"
+        for lv in levels
+        if lv.garbled
+    ]
     notes = []
     if max_running:
         over = [lv.concurrency for lv in levels if lv.concurrency > max_running]
@@ -167,7 +237,7 @@ def verdict(levels: list[Level], threshold: float = DEFAULT_THRESHOLD, max_runni
         return Verdict(
             None,
             ok[0] if ok else None,
-            ["too few levels with figures to judge the scaling (two or more needed)", *notes],
+            [*garbage, "too few levels with figures to judge the scaling (two or more needed)", *notes],
         )
     lines = []
     best = max(ok, key=lambda lv: lv.total)
@@ -208,7 +278,7 @@ def verdict(levels: list[Level], threshold: float = DEFAULT_THRESHOLD, max_runni
             f"(widest at concurrency {widest.concurrency}: {widest.bounds[0]:,.1f} .. {widest.bounds[1]:,.1f} "
             f"tok/s, {widest.spread:.1%} of the median)"
         )
-    return Verdict(flat_from.concurrency if flat_from else None, best, lines + notes)
+    return Verdict(flat_from.concurrency if flat_from else None, best, garbage + lines + notes)
 
 
 def fmt(value, pattern: str) -> str:

@@ -68,7 +68,7 @@ class SweepResult:
     def exit_code(self) -> ExitCode:
         if self.interrupted:
             return ExitCode.INTERRUPTED
-        failed = any(lv.failed or not lv.figures or lv.error for lv in self.levels)
+        failed = any(lv.failed or not lv.figures or lv.error or lv.garbled for lv in self.levels)
         return ExitCode.FINDINGS if failed or self.smoke_failed else ExitCode.OK
 
     def as_json(self) -> dict:
@@ -133,8 +133,9 @@ def sweep(
         max_running = model = key_env = None
     else:
         from sm120kit.serve.probe import probe_host
+        from sm120kit.urls import http_url
 
-        url = f"http://{probe_host(profile.server.host)}:{profile.server.port}"
+        url = http_url(probe_host(profile.server.host), profile.server.port)
         name, max_running, model = profile.name, profile.engine.max_running_requests, profile.model.path
         key_env = profile.server.api_key_env
     api_key = client.api_key(key_env)

@@ -148,10 +148,11 @@ def live_line(level: analysis.Level) -> str:
         return f"  FAILED: {level.error}"
     f = level.figures
     failed = f", {level.failed} of {level.prompts} FAILED" if level.failed else ""
+    garbage = f"; its outputs are GARBAGE: {level.garbage}" if level.garbled else ""
     return (
         f"  total {f.get('total_throughput', 0):,.1f} tok/s (output {f.get('output_throughput', 0):,.1f}, "
         f"peak {f.get('max_output_tokens_per_s') or 0:,.0f}), TTFT p50 {f.get('median_ttft_ms') or 0:,.0f} ms, "
-        f"ITL p50 {f.get('median_itl_ms') or 0:.1f} ms{failed}"
+        f"ITL p50 {f.get('median_itl_ms') or 0:.1f} ms{failed}{garbage}"
     )
 
 

@@ -6,7 +6,10 @@ proved (serve's exit code and its `stopped` event: no process, port or GPU memor
 server left), then the next. A variant that does not get ready, or whose server dies
 during its sweep, is recorded with the supervisor's diagnosis, and the search goes on; one
 whose smoke fails is excluded (not swept: a configuration that answers wrong has no speed
-worth knowing, and the time goes to the others). A stop that left something ends the
+worth knowing, and the time goes to the others), and so is one whose sweep's own outputs
+are garbage (a sample of the texts each level generated, streamed, through the smoke's
+detectors: analysis.sample_outputs). A sweep with a level that gave no figures is not a
+result: the variant failed, and a rerun runs it again. A stop that left something ends the
 search: the next variant would start on GPUs that are not free.
 
 The search directory (--out), enough to resume it and to compare it later:
@@ -24,8 +27,9 @@ The search directory (--out), enough to resume it and to compare it later:
     <variant>/run.json ...   its sweep: bench's results directory (results.py)
 
 A rerun with the same --out and the same settings skips the variants already done,
-excluded or crashed (and says so); an interrupted one, or one the preflight refused, runs again. Remove a variant's
-directory to run it again."""
+excluded or crashed (and says so); an interrupted one, one the preflight refused, or one
+that failed (a level without figures; also one an earlier sm120kit recorded as done so),
+runs again. Remove a variant's directory to run it again."""
 
 from __future__ import annotations
 
@@ -64,8 +68,9 @@ LEVEL_ESTIMATE_S = 90.0  # one client run of a level on a real server
 
 
 class Outcome(str, Enum):
-    DONE = "done"  # smoked (or --no-smoke) and swept
-    EXCLUDED = "excluded"  # its smoke failed: not swept
+    DONE = "done"  # smoked (or --no-smoke) and swept: every level has figures, none of them of garbage
+    EXCLUDED = "excluded"  # its smoke failed (not swept), or its sweep's outputs are garbage
+    FAILED = "failed"  # swept, but a level gave no figures: not a result, runs again on a rerun
     CRASHED = "crashed"  # did not get ready, or its server died during the sweep
     REFUSED = "refused"  # serve's preflight refused to start it (the node's state): runs again on a rerun
     SKIPPED = "skipped"  # the plan: nothing started
@@ -180,7 +185,7 @@ class SearchResult:
             return ExitCode.INTERRUPTED
         if any(r.unclean for r in self.results):
             return ExitCode.UNCLEAN
-        bad = {Outcome.EXCLUDED, Outcome.CRASHED, Outcome.REFUSED}
+        bad = {Outcome.EXCLUDED, Outcome.CRASHED, Outcome.REFUSED, Outcome.FAILED}
         failed_levels = any(lv.failed or not lv.figures or lv.error for r in self.results for lv in r.levels)
         return ExitCode.FINDINGS if failed_levels or any(r.status in bad for r in self.results) else ExitCode.OK
 
@@ -306,10 +311,16 @@ def check_resumable(directory: Path, settings: dict, plan: Plan) -> dict[str, Va
                 f"now it sets {' '.join(sets[name]) or '(none)'}",
                 "give another --out, or remove that directory",
             )
-        if result.status in FINAL:
+        if result.status in FINAL and not _without_figures(result):
             result.resumed = True
             done[name] = result
     return done
+
+
+def _without_figures(result: VariantResult) -> bool:
+    """A variant recorded done with a level that gave no figures (an earlier sm120kit wrote
+    such a one as done): not a result, so not finished."""
+    return result.status is Outcome.DONE and (not result.levels or any(not lv.figures for lv in result.levels))
 
 
 def _search_doc(settings: dict, plan: Plan, results: dict[str, VariantResult]) -> dict:
@@ -518,7 +529,7 @@ def _run_variant(
                 result.status = Outcome.CRASHED
                 result.why, result.diagnosis = died
                 _keep_log(record.parent / SERVER_LOG, vdir / SERVER_LOG)
-            elif handle.ended_early and result.status is Outcome.DONE:  # its levels ran against nothing
+            elif handle.ended_early and result.status in (Outcome.DONE, Outcome.FAILED):  # levels ran against nothing
                 result.status = Outcome.CRASHED
                 result.why = _stopped_early_why(events, handle.exit_code)
         if result.unclean:
@@ -566,8 +577,33 @@ def _smoke_and_sweep(
     result.levels = swept.levels
     if swept.interrupted:
         raise KeyboardInterrupt
-    result.status = Outcome.DONE
-    result.scaling = swept.verdict.lines[0] if swept.verdict.lines else ""
+    result.status, result.why, result.diagnosis = _swept_outcome(swept.levels)
+    result.scaling = swept.verdict.lines[0] if swept.verdict.lines and result.status is Outcome.DONE else ""
+
+
+def _swept_outcome(levels: list[Level]) -> tuple[Outcome, str, list[str]]:
+    """What a finished sweep makes of its variant: excluded where a level's outputs are
+    garbage (the configuration answers garbage: its speed is worth nothing, as a failed
+    smoke's); failed where a level gave no figures (not a result: the rerun tries again);
+    else done."""
+    garbled = [lv for lv in levels if lv.garbled]
+    if garbled:
+        where = ", ".join(f"concurrency {lv.concurrency}" for lv in garbled)
+        return (
+            Outcome.EXCLUDED,
+            f"its sweep's outputs are garbage at {where}: the figures time garbage, not answers",
+            [f"concurrency {lv.concurrency}: {lv.garbage}" for lv in garbled],
+        )
+    empty = [lv for lv in levels if not lv.figures]
+    if empty or not levels:
+        where = ", ".join(f"concurrency {lv.concurrency}" for lv in empty) or "every level (none ran)"
+        return (
+            Outcome.FAILED,
+            f"no figures at {where}: a level without figures is not a result (a rerun with the same --out "
+            "runs this variant again)",
+            [f"concurrency {lv.concurrency}: {lv.error}" for lv in empty if lv.error],
+        )
+    return Outcome.DONE, "", []
 
 
 def _events_path(profile) -> Path:

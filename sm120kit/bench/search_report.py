@@ -38,7 +38,9 @@ def picks(results: list[VariantResult], repeated: bool) -> tuple[list[Pick], lis
     one's highest); its gain over as-written, "within noise" where their runs overlap."""
     done = [r for r in results if r.status is Outcome.DONE]
     # a level that lost requests did not do the same work: it is not ranked
-    swept = {r.name: {lv.concurrency: lv for lv in r.levels if lv.total and not lv.failed} for r in done}
+    swept = {
+        r.name: {lv.concurrency: lv for lv in r.levels if lv.total and not lv.failed and not lv.garbled} for r in done
+    }
     swept = {name: lv for name, lv in swept.items() if lv}
     unranked = [
         f"not ranked: {r.name} at concurrency {lv.concurrency}: {lv.failed} of {lv.prompts} requests failed"
@@ -121,7 +123,10 @@ def verdict_lines(report: SearchResult) -> list[str]:
     report.adopt = adoption(report.plan, overall, report.settings.get("base_set", []))
     for r in report.results:
         if r.status is Outcome.EXCLUDED:
-            lines.append(f"excluded by the smoke: {r.name}: {r.why}" + "".join(f"\n    {d}" for d in r.diagnosis))
+            by = "the smoke" if (r.smoke or {}).get("passed") is False else "its sweep's outputs"
+            lines.append(f"excluded by {by}: {r.name}: {r.why}" + "".join(f"\n    {d}" for d in r.diagnosis))
+        elif r.status is Outcome.FAILED:
+            lines.append(f"failed: {r.name}: {r.why}" + "".join(f"\n    {d}" for d in r.diagnosis))
         elif r.status is Outcome.CRASHED:
             lines.append(f"crashed: {r.name}: {r.why}" + "".join(f"\n    diagnosis: {d}" for d in r.diagnosis))
         elif r.status is Outcome.REFUSED:

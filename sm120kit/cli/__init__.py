@@ -10,7 +10,9 @@ reader that went away (`| head`) into 141.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 
 from sm120kit import __version__
 from sm120kit.cli import bench, deploy, doctor, patching, profiles, runs, serve, smoke, tryout, tune
@@ -50,29 +52,117 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return ExitCode.ERROR
     from sm120kit import report
-    from sm120kit.errors import UserError, internal_error
+    from sm120kit.errors import UserError, changes_of_one_command, internal_error
 
     wide = getattr(args, "wide", False)
 
-    try:
-        return args.func(args)
-    except UserError as exc:
-        if args.json:
-            import json
+    with changes_of_one_command() as changed, _checked_stdout():
+        try:
+            code = args.func(args)
+            sys.stdout.flush()  # output that cannot be written fails here, not unseen at exit
+            return code
+        except UserError as exc:
+            return _failed(args, exc.message, exc.hint, changed)
+        except KeyboardInterrupt:
+            print("sm120kit: interrupted" + _made(changed), file=sys.stderr)
+            return ExitCode.INTERRUPTED
+        except BrokenPipeError:  # the reader went away (`| head`): not our error, nothing to say
+            _discard_stdout()
+            return ExitCode.BROKEN_PIPE
+        except OutputFailed as exc:
+            _discard_stdout()
+            hint = None if changed else "send the output where it can be written (a disk with room, a terminal)"
+            return _failed(args, f"writing the output failed ({exc})", hint, changed)
+        except Exception as exc:  # a bug: say so plainly; the traceback is for --debug
+            if args.debug:
+                raise
+            if changed:
+                return _failed(args, internal_error(exc).removeprefix("sm120kit: "), None, changed)
+            print(report.error_text(internal_error(exc), wide), file=sys.stderr)
+            return ExitCode.ERROR
 
-            print(json.dumps({"error": exc.message, "hint": exc.hint, "exit_code": int(ExitCode.ERROR)}))
-        print(report.error_text(f"sm120kit: error: {exc}", wide), file=sys.stderr)
-        return ExitCode.ERROR
-    except KeyboardInterrupt:
-        print("sm120kit: interrupted", file=sys.stderr)
-        return ExitCode.INTERRUPTED
-    except BrokenPipeError:  # the reader went away (`| head`): not our error, nothing to say
-        import os
 
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return ExitCode.BROKEN_PIPE
-    except Exception as exc:  # a bug: say so plainly; the traceback is for --debug
-        if args.debug:
+def _failed(args, message: str, hint: str | None, changed: list[str]) -> int:
+    """A refusal or failure: exit 2, or 4 when the command had made its change before it
+    failed (then the message says what was made); with --json, the error document too."""
+    import json
+
+    from sm120kit import report
+    from sm120kit.errors import UserError
+
+    code = ExitCode.AFTER_CHANGE if changed else ExitCode.ERROR
+    if changed:
+        message = f"the change was made ({'; '.join(changed)}), then this failed: {message}"
+        hint = hint or f"run `sm120kit status{_target_options(args)}` to see where things stand"
+    if args.json:
+        with contextlib.suppress(OSError):  # stdout may be what failed
+            doc = {"error": message, "hint": hint, "exit_code": int(code)}
+            print(json.dumps({**doc, "changed": changed} if changed else doc), flush=True)
+    with contextlib.suppress(OSError):
+        error = UserError(message, hint)
+        print(report.error_text(f"sm120kit: error: {error}", getattr(args, "wide", False)), file=sys.stderr)
+    return code
+
+
+def _target_options(args) -> str:
+    """The --site / --python the command was given, to repeat in a next step."""
+    import shlex
+
+    for option in ("site", "python"):
+        if value := getattr(args, option, None):
+            return f" --{option} {shlex.quote(str(value))}"
+    return ""
+
+
+def _made(changed: list[str]) -> str:
+    return f" after the change was made ({'; '.join(changed)})" if changed else ""
+
+
+class OutputFailed(OSError):
+    """Writing to stdout failed (a full disk, /dev/full, an I/O error): not the command's fault."""
+
+
+class _CheckedStdout:
+    """sys.stdout, whose write failures are OutputFailed (a BrokenPipeError stays one)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._checked(self._stream.write, text)
+
+    def flush(self) -> None:
+        self._checked(self._stream.flush)
+
+    @staticmethod
+    def _checked(call, *args):
+        try:
+            return call(*args)
+        except BrokenPipeError:
             raise
-        print(report.error_text(internal_error(exc), wide), file=sys.stderr)
-        return ExitCode.ERROR
+        except OSError as exc:
+            raise OutputFailed(exc.errno, exc.strerror or str(exc)) from exc
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _checked_stdout() -> Iterator[None]:
+    """sys.stdout checked (see _CheckedStdout) while one command runs."""
+    outer = sys.stdout
+    if outer is not None and not isinstance(outer, _CheckedStdout):
+        sys.stdout = _CheckedStdout(outer)
+    try:
+        yield
+    finally:
+        sys.stdout = outer
+
+
+def _discard_stdout() -> None:
+    """What is still buffered for a stdout that failed goes nowhere, so that the flush at
+    exit neither fails again nor changes the exit code."""
+    import os
+
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

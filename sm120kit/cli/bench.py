@@ -159,9 +159,10 @@ def _options(args):
     """The typed options, every value checked before anything runs."""
     from pathlib import Path
 
-    from sm120kit.bench import analysis, client
+    from sm120kit.bench import analysis
     from sm120kit.bench.command import BenchOptions
     from sm120kit.errors import UserError
+    from sm120kit.urls import url_option
 
     _check_bench_numbers(args)
     try:
@@ -180,7 +181,7 @@ def _options(args):
         tokenizer=args.tokenizer,
         model=args.model or None,
         out=Path(args.out) if args.out else None,
-        url=client.parse_url(args.url) if args.url else None,
+        url=url_option("--url", args.url) if args.url is not None else None,
         python=args.python,
         patch_dirs=tuple(args.patch_dir or ()),
         repeat=args.repeat,
@@ -215,7 +216,7 @@ def cmd_bench(args) -> int:
         else:
             print(render.comparison_text(comparison, width))
         return ExitCode.OK
-    if len(args.name) != (0 if args.url else 1):
+    if len(args.name) != (0 if args.url is not None else 1):
         got = " ".join(args.name) or "none"
         raise UserError(
             f"bench takes one profile, or --url without one (got: {got})",

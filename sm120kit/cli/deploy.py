@@ -12,6 +12,7 @@ TARGETS = ("systemd", "docker", "k8s")
 # The options that mean something to some targets only: any other target refuses them.
 ONLY_FOR = {
     "image": ("--image", ("docker", "k8s")),
+    "dockerfile": ("--dockerfile", ("docker",)),
     "namespace": ("--namespace", ("k8s",)),
     "user_unit": ("--user", ("systemd",)),
     "unit_user": ("--unit-user", ("systemd",)),
@@ -39,7 +40,9 @@ def register(sub) -> None:
         "the profile as a systemd unit, a docker run line + compose file, or Kubernetes manifests",
         "Print what runs the profile NAME as operators run servers. systemd: a unit whose "
         "ExecStart is `sm120kit serve NAME` after `sm120kit patch --verify` of its patches. docker: "
-        "the same commands as a container's, as a compose file headed by the equal `docker run` line. "
+        "the same commands as a container's, as a compose file headed by the equal `docker run` line, "
+        "whose image a Dockerfile builds FROM --image with the patches applied and proven (--dockerfile "
+        "prints it alone). "
         "k8s: manifests whose pods run the sglang argv that `serve --dry-run` renders (Kubernetes "
         "supervises there); needs sglang in the target environment. Writes nothing: redirect it.",
         {
@@ -53,6 +56,12 @@ def register(sub) -> None:
     p.add_argument("target", metavar="TARGET", choices=TARGETS, help=f"what to render: {', '.join(TARGETS)}")
     p.add_argument("name", metavar="NAME", help="the launch profile (`sm120kit profiles` lists them)")
     p.add_argument("--image", metavar="IMAGE", help="docker, k8s: the image (sglang and sm120kit installed)")
+    p.add_argument(
+        "--dockerfile",
+        action="store_true",
+        help="docker: print the Dockerfile of the image alone (FROM --image, sm120kit installed, the patches "
+        "applied and proven at build time), which the compose file builds",
+    )
     p.add_argument("--namespace", metavar="NS", help="k8s: the namespace of every object (default: none set)")
     p.add_argument("--user", dest="user_unit", action="store_true", help="systemd: a unit of the user's manager")
     p.add_argument("--unit-user", metavar="USER", help="systemd: the account a system unit runs as (User=)")
@@ -114,7 +123,40 @@ def cmd_render(args) -> int:
         from sm120kit.cli.args import check_range
 
         check_range("--node-rank", args.node_rank, 0, 1023, "a node's rank, 0 .. parallel.nnodes - 1")
+    _check_values(args)
     return {"systemd": _systemd, "docker": _docker, "k8s": _k8s}[args.target](args)
+
+
+def _check_values(args) -> None:
+    """Every option whose value a unit, compose file or manifest carries (sm120kit.deploy.values):
+    no control character; User= as systemd takes it; a Secret's and a claim's name as Kubernetes
+    takes them; an image reference without a space."""
+    from sm120kit.deploy import values
+    from sm120kit.errors import UserError
+
+    for option, dest in (
+        ("NAME", "name"),
+        ("--image", "image"),
+        ("--namespace", "namespace"),
+        ("--sm120kit", "sm120kit"),
+        ("--env-file", "env_file"),
+        ("--state-dir", "state_dir"),
+        ("--python", "python"),
+        ("--site", "site"),
+        ("--image-python", "image_python"),
+        ("--hf-cache-host-path", "hf_cache_host_path"),
+        ("--shm-size", "shm_size"),
+    ):
+        values.plain(option, getattr(args, dest))
+    for option, dest in (("--profile-dir", "profile_dir"), ("--patch-dir", "patch_dir")):
+        for value in getattr(args, dest) or ():
+            values.plain(option, value)
+    if args.unit_user is not None:
+        values.unit_user(args.unit_user)
+    values.k8s_name("--secret", args.secret)
+    values.k8s_name("--hf-cache-claim", args.hf_cache_claim)
+    if args.image is not None and (not args.image or any(c.isspace() for c in args.image)):
+        raise UserError(f"--image {args.image!r} is not an image reference", "give REGISTRY/NAME:TAG")
 
 
 def _deployment(args, python: str | None):
@@ -123,7 +165,29 @@ def _deployment(args, python: str | None):
     for option in ("env_file", "state_dir"):  # the unit runs in /, the container elsewhere: absolute paths
         if getattr(args, option, None):
             setattr(args, option, os.path.abspath(os.path.expanduser(getattr(args, option))))
-    return deployment(args.name, args.profile_dir, args.sets, python, args.node_rank, args.patch_dir)
+    d = deployment(args.name, args.profile_dir, args.sets, python, args.node_rank, args.patch_dir)
+    _check_deployment(d, args)
+    return d
+
+
+def _check_deployment(d, args) -> None:
+    """What the unit or the container carries from the profile and the search paths
+    ($SM120KIT_PROFILE_PATH, $SM120KIT_PATCH_PATH too): no control character; for docker,
+    no ':' in a directory it mounts (it would split HOST:CONTAINER)."""
+    from sm120kit.deploy import values
+
+    values.profile_values(d.profile)
+    dirs = [("--profile-dir (or $SM120KIT_PROFILE_PATH)", p) for p in d.profile_dirs]
+    dirs += [("--patch-dir (or $SM120KIT_PATCH_PATH)", p) for p in d.patch_dirs]
+    for option, path in dirs:
+        values.plain(option, path)
+    if args.target == "docker":
+        model = d.profile.model.path
+        dirs += [("--state-dir", args.state_dir), ("model.path", model if model and model.startswith("/") else None)]
+        if d.ref.startswith("/"):
+            dirs.append(("NAME", d.ref.rpartition("/")[0]))  # the profile file's directory is mounted too
+        for option, path in dirs:
+            values.volume_path(option, path)
 
 
 def _systemd(args) -> int:
@@ -142,6 +206,9 @@ def _systemd(args) -> int:
         exe = (str(here),) if os.access(here, os.X_OK) else (os.path.abspath(sys.executable), "-m", "sm120kit")
     options = UnitOptions(exe, args.user_unit, args.unit_user, args.env_file, args.state_dir)
     text = render_unit(d, options)
+    from sm120kit.cli.unit_environment import check_unit_environment
+
+    check_unit_environment(args, d, python, exe)  # what `serve --dry-run` checks, in the unit's interpreter
     if args.json:
         report.emit_json({"target": "systemd", "unit": unit_name(d), "text": text})
     else:
@@ -155,18 +222,28 @@ def _docker(args) -> int:
 
     c = container(_deployment(args, args.image_python), ContainerOptions(args.image, args.env_file, args.state_dir))
     if args.json:
-        report.emit_json({"target": "docker", "run": run_argv(c), "compose": compose(c)})
+        report.emit_json(
+            {
+                "target": "docker",
+                "image": c.image,
+                "dockerfile": c.dockerfile,
+                "run": run_argv(c),
+                "compose": compose(c),
+            }
+        )
     else:
-        print(compose_text(c), end="")
+        print(c.dockerfile if args.dockerfile else compose_text(c), end="")
     return ExitCode.OK
 
 
 def _k8s(args) -> int:
     from sm120kit import report
     from sm120kit.cli.profiles import load_for
+    from sm120kit.deploy import values
     from sm120kit.deploy.k8s import render_k8s, to_yaml
 
     profile, target = load_for(args)
+    values.profile_values(profile)
     chosen = {
         k: v
         for k, v in (

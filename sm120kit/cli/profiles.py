@@ -42,8 +42,9 @@ def register(sub) -> None:
         verbs,
         "show",
         "the resolved profile (after extends and --set)",
-        "Print the profile as sm120kit reads it: its `extends` chain resolved, the --set overrides "
-        "applied, validated, every field with its value (defaults included).",
+        "Print the profile as sm120kit reads it, as TOML (a profile file's format; --json for JSON): "
+        "its `extends` chain resolved, the --set overrides applied, validated, every field with its value "
+        "(defaults included; a field not set is a comment).",
         {ExitCode.OK: "shown", ExitCode.ERROR: "an unknown or invalid profile, or a bad --set"},
         func=cmd_profile_show,
     )
@@ -105,11 +106,13 @@ def cmd_profile_show(args) -> int:
         print(json.dumps({"name": profile.name, "source": profile.source, "profile": doc}, indent=2))
     else:
         from sm120kit import report
+        from sm120kit.profiles import toml_text
 
         width = report.output_width(getattr(args, "wide", False))
         comment = report.wrap(f"{profile.name}  ({profile.source})", width and width - 2, hanging="")
         print("\n".join(f"# {line}" for line in comment.splitlines()))  # a comment on every line of it
-        print(json.dumps(doc, indent=2))
+        print("# resolved: extends and --set applied; a key not set is a comment; --json for JSON")
+        print(toml_text.dumps(doc), end="")  # the format of a profile file, to copy from
     return ExitCode.OK
 
 
@@ -130,7 +133,21 @@ def load_for(args):
         sets.append(f"parallel.node_rank={args.node_rank}")
     profile = load_profile(args.name, args.profile_dir, sets)
     require_servable(profile)  # before the target: a base profile is refused anywhere
+    require_known_patches(profile, getattr(args, "patch_dir", None))
     return profile, resolve_target(args.python, args.site)
+
+
+def require_known_patches(profile, patch_dirs: list[str] | None) -> None:
+    """Every id of the profile's `patches` is a patch's (--patch-dir, $SM120KIT_PATCH_PATH,
+    the shipped ones): a UserError (exit 2) for one that is not, whether or not a check of
+    the patches runs later (`profile check`, `serve --dry-run`, `--no-patch-check`)."""
+    if not profile.patches:
+        return
+    from sm120kit.patching.registry import load_patches, select
+
+    select(
+        load_patches(patch_dirs or None), list(profile.patches), f"profile {profile.name} ({profile.source}): patches"
+    )
 
 
 def render_for(args, profile, target, router_optional: bool = False):

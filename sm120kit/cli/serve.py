@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from sm120kit.cli.args import (
     allow_known_failure_arg,
     allow_missing_arg,
@@ -22,18 +24,21 @@ def register(sub) -> None:
         sub,
         "serve",
         "preflight, launch and supervise sglang with a profile until stopped",
-        "Preflight the node for the profile NAME (the profile renders for the installed sglang; its "
-        "patches are in place; no stale sglang process; the GPUs are there and free; every port is "
-        "free; the API key is set), start sglang with it, wait until it generates, probe it, restart "
-        "it with backoff on death or hang, and stop it clean on Ctrl-C / SIGTERM. --check runs the "
-        "preflight alone; --dry-run prints the command line.",
+        "Preflight the node for the profile NAME (the profile renders for the installed sglang; the "
+        "serving environment has every package the server imports; its patches are in place; no stale "
+        "sglang process; the GPUs are there and free; every port is free; the API key is set), start "
+        "sglang with it, wait until it generates, probe it, restart it with backoff on death or hang, "
+        "and stop it clean on Ctrl-C / SIGTERM. --check runs the preflight alone; --dry-run prints the "
+        "command line.",
         {
             ExitCode.OK: "stopped on request, nothing left behind; --check: every check passed; --dry-run: printed",
             ExitCode.FINDINGS: "gave up after the crash-loop limit, or health.smoke's smoke failed (the server is "
             "stopped, not restarted); --check: a preflight check failed",
-            ExitCode.ERROR: "refused: a preflight check failed, or the profile is already being served; bad "
-            "input: an unknown profile, no sglang in the target environment (the profile renders for the "
-            "installed release), an unknown --allow-missing id",
+            ExitCode.ERROR: "refused: a preflight check failed, or the profile is already being served; the "
+            "server died at its start for want of a module (no restart mends that); bad input: an unknown "
+            "profile, no sglang in the target environment (the profile renders for the installed release) or "
+            "a package it imports missing there (--dry-run too), an unknown --allow-missing id, a "
+            "--metrics-port out of range",
             ExitCode.UNCLEAN: "stopped, but a process, port or GPU context of the server was left",
             ExitCode.INTERRUPTED: "interrupted before the supervisor took over (it stops on Ctrl-C with 0)",
         },
@@ -94,7 +99,10 @@ def cmd_serve(args) -> int:
             f"sm120kit serve {profile.name}",
         )
     launch = render_for(args, profile, target)
+    options = _options(args, profile)  # checked as a start checks them, --dry-run too
     if args.dry_run:  # one server's command, or each of a fleet's
+        if not args.site:  # an interpreter to ask: what the server imports is there (--site names none)
+            preflight.require_imports(launch, {**os.environ, **profile.env}, target, args.wide)
         if args.json:
             report.emit_json(launch.as_json())
             return ExitCode.OK
@@ -102,8 +110,7 @@ def cmd_serve(args) -> int:
         print(launch.shell())
         return ExitCode.OK
     if profile.fleet is not None:
-        return _serve_fleet(args, profile, launch, target)
-    options = _options(args, profile)
+        return _serve_fleet(args, profile, launch, target, options)
     width = report.output_width(args.wide)
     if not args.check:
         return command.serve(profile, launch, target, options, width)
@@ -123,6 +130,10 @@ def _options(args, profile):
 
     if args.metrics_port is not None:
         check_range("--metrics-port", args.metrics_port, 1, 65535, "a free TCP port, e.g. --metrics-port 9400")
+    if args.allow_missing:  # known ids only, whether or not the patch check runs
+        from sm120kit.patching.registry import load_patches, select
+
+        select(load_patches(args.patch_dir or None), sorted(set(args.allow_missing)), "--allow-missing")
 
     return ServeOptions(
         patch_dirs=tuple(args.patch_dir or ()),
@@ -136,13 +147,12 @@ def _options(args, profile):
     )
 
 
-def _serve_fleet(args, profile, fleet, target) -> int:
+def _serve_fleet(args, profile, fleet, target, options) -> int:
     """serve on a profile with a [fleet] table: the replicas here and the router."""
     from sm120kit import report
     from sm120kit.fleet import command
     from sm120kit.serve import preflight
 
-    options = _options(args, profile)
     width = report.output_width(args.wide)
     if not args.check:
         return command.serve_fleet(fleet, target, options, width)

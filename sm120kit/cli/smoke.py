@@ -76,9 +76,10 @@ def _options(args):
     import re
     from pathlib import Path
 
-    from sm120kit.bench.client import api_key, parse_url
+    from sm120kit.bench.client import api_key
     from sm120kit.errors import UserError
     from sm120kit.quality.command import MAX_BURST, MIN_BURST, SmokeOptions, options_for
+    from sm120kit.urls import url_option
 
     if (args.name is None) == (args.url is None):
         taken = [(o, v) for o, v in (("--baseline", args.baseline), ("--record-baseline", args.record_baseline)) if v]
@@ -96,8 +97,8 @@ def _options(args):
             f"requests in the burst, e.g. --concurrency {MIN_BURST}",
         )
     overrides = {"concurrency": args.concurrency} if args.concurrency is not None else {}
-    if args.url:
-        url = parse_url(args.url)
+    if args.url is not None:  # an empty --url is a malformed one, not none
+        url = url_option("--url", args.url)
         options = SmokeOptions(url=url, api_key=api_key(None), **overrides)
         stem = re.sub(r"[^A-Za-z0-9.-]+", "-", url.split("//")[-1]).strip("-")  # 127.0.0.1-30000
     else:

@@ -15,7 +15,7 @@ def register(sub) -> None:
         "Search the fused-MoE kernel configs of the installed sglang for the profile's MoE shape "
         "(its model's config.json and the profile's tp/ep): the space of sglang's own tuning "
         "script, pruned to the configs that fit sm_120's 101376 B of shared memory by compiling the "
-        "installed release's kernel on the CPU; time the rest on this node's GPUs (one worker per "
+        "installed release's kernel on the CPU (with sm120kit's Triton, else the --python environment's); time the rest on this node's GPUs (one worker per "
         "GPU), check each against a reference result, and install the fastest config per batch size "
         "where the installed sglang and Triton look, as a tracked change: `sm120kit status` lists "
         "it, `sm120kit unpatch` removes it. --plan stops before the timing (no GPU needed). A "
@@ -25,8 +25,8 @@ def register(sub) -> None:
             "timed and the table installed",
             ExitCode.FINDINGS: "--plan: a config file sglang would load on this GPU does not fit sm_120; "
             "tuned: the budget ran out first (the finished batch sizes are installed; run again to go on)",
-            ExitCode.ERROR: "bad input, a profile without a Triton fused MoE, no config.json, no GPU for the "
-            "timing (nothing written)",
+            ExitCode.ERROR: "bad input, a profile without a Triton fused MoE, no config.json, no Triton to "
+            "compile with (pip install 'sm120kit[tune]'), no GPU for the timing (nothing written)",
             ExitCode.INTERRUPTED: "interrupted: the finished batch sizes are kept for the next run, nothing installed",
         },
         func=cmd_tune_moe,

@@ -9,14 +9,19 @@ its router and a multi-node server's NCCL ports need no list of published ports.
 with `-p 127.0.0.1:PORT:PORT` instead would make sglang bind the container's own address:
 another argv, and a public bind the profile did not ask for.
 
-The image holds `sh`, sglang (sglang-router for a fleet) and sm120kit in the serving
-environment, on PATH (or --image-python names that environment's python). The host runs the
-NVIDIA Container Toolkit (`--gpus`)."""
+The image it runs is built FROM the one given (`sh`, sglang, sglang-router for a fleet, in the
+serving environment on PATH, or --image-python names that environment's python) by a
+Dockerfile that installs sm120kit and runs `sm120kit patch --verify` for the profile's
+patches: the image is patched and proven when it is built, before it ships (the compose file
+builds it: `build.dockerfile_inline`; `render docker --dockerfile` prints it alone). Its
+container keeps FlashInfer's and Triton's JIT caches in a volume, as it reads the Hugging
+Face cache from the host: the kernels built at a start are there at the next. The host runs
+the NVIDIA Container Toolkit (`--gpus`)."""
 
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sm120kit.deploy import START_BURST, Deployment, seconds, stop_budget_s
 from sm120kit.node.checks.system import NOFILE_GOOD
@@ -28,6 +33,9 @@ STATE_DIR = "/var/lib/sm120kit"  # the container's $SM120KIT_STATE_DIR: run reco
 STATE_VOLUME = "sm120kit-state"  # a named volume, unless --state-dir names a host directory
 PROFILES_AT = "/etc/sm120kit/profiles"  # the host's profile directories, mounted read-only
 PATCHES_AT = "/etc/sm120kit/patches"
+JIT_CACHE = "/var/cache/sm120kit/jit"  # FlashInfer's ($FLASHINFER_WORKSPACE_BASE/.cache/flashinfer) and Triton's
+JIT_VOLUME = "sm120kit-jit"  # a named volume: the JIT caches outlive the container (and a rebuilt image)
+SM120KIT_ARG = "SM120KIT"  # the Dockerfile's build argument: what pip installs (a release, a wheel's path, a URL)
 
 
 @dataclass(frozen=True)
@@ -42,7 +50,7 @@ class Container:
     """The container both forms describe."""
 
     name: str
-    image: str
+    image: str  # the image it runs: the one the Dockerfile builds
     gpus: int
     script: str  # sh -c SCRIPT: the patch step, then exec serve
     env: list[str]  # NAME=value, or NAME alone: passed from the invoking environment
@@ -51,6 +59,8 @@ class Container:
     named_volume: str | None
     stop_s: int
     restarts: int
+    base: str = ""  # --image: what the Dockerfile builds FROM
+    dockerfile: str = ""
 
 
 def container(d: Deployment, o: ContainerOptions) -> Container:
@@ -71,12 +81,17 @@ def container(d: Deployment, o: ContainerOptions) -> Container:
         volumes.append(f"{p.model.path}:{p.model.path}:ro")
     volumes += [f"{host}:{inside}:ro" for host, inside in {**profile_dirs, **patch_dirs}.items()]
     volumes.append(f"{o.state_dir or STATE_VOLUME}:{STATE_DIR}")
+    volumes.append(f"{JIT_VOLUME}:{JIT_CACHE}")
     env = [f"HF_HOME={HF_HOME}", f"SM120KIT_STATE_DIR={STATE_DIR}"]
+    env += [f"FLASHINFER_WORKSPACE_BASE={JIT_CACHE}", f"TRITON_CACHE_DIR={JIT_CACHE}/triton"]
     if p.server.api_key_env and not o.env_file:
         env.append(p.server.api_key_env)  # by name: its value comes from the environment docker runs in
+    image = built_image(d.name, o.image)
     return Container(
         name=d.name,
-        image=o.image,
+        image=image,
+        base=o.image,
+        dockerfile=dockerfile(d, o.image, image),
         gpus=p.node.gpus,
         script=script,
         env=env,
@@ -86,6 +101,43 @@ def container(d: Deployment, o: ContainerOptions) -> Container:
         stop_s=stop_budget_s(p),
         restarts=START_BURST,
     )
+
+
+def built_image(name: str, base: str) -> str:
+    """The tag of the image the Dockerfile builds: the container's name, the base image's tag."""
+    tag = base.rsplit("/", 1)[-1].split("@")[0].partition(":")[2] or "latest"
+    return f"{name.lower()}:{tag}"
+
+
+def dockerfile(d: Deployment, base: str, image: str) -> str:
+    """FROM the given image: sm120kit installed, then `sm120kit patch --verify` for the
+    profile's patches, so that a build that cannot apply and prove them fails. Patches of
+    --patch-dir are not in the image's build context: they are applied when the container
+    starts (its patch step, with those directories mounted), the shipped ones here."""
+    from sm120kit import __version__
+    from sm120kit.patching import registry
+
+    shipped = str(registry.shipped_dir())
+    patches = {p.id: p for p in registry.load_patches(list(d.patch_dirs))}
+    baked = tuple(i for i in d.profile.patches if patches[i].source.startswith(shipped))
+    later = [i for i in d.profile.patches if i not in baked]
+    lines = [
+        f"# {image}: {base} with sm120kit and profile {d.profile.name}'s patches,",
+        "# applied and proven when it is built (`sm120kit render docker --dockerfile`):",
+        f"#   docker build -t {image} - < Dockerfile",
+        f"FROM {base}",
+        f"ARG {SM120KIT_ARG}=sm120kit=={__version__}",
+        f'RUN pip install --no-cache-dir "${SM120KIT_ARG}"',
+    ]
+    patch = replace(d, profile=d.profile.model_copy(update={"patches": list(baked)})).patch_argv(["sm120kit"], ())
+    if patch:  # one --only a line
+        words = [shlex.quote(w) for w in patch]
+        at = words.index("--only")
+        parts = [" ".join(words[:at]), *(" ".join(words[i : i + 2]) for i in range(at, len(words), 2))]
+        lines.append("RUN " + " \\\n    ".join(parts))
+    if later:
+        lines.append(f"# applied when the container starts, from its --patch-dir: {', '.join(later)}")
+    return "\n".join(lines) + "\n"
 
 
 def run_argv(c: Container) -> list[str]:
@@ -122,6 +174,7 @@ def compose(c: Container) -> dict:
     """The compose file's document: one service, the run line's equal."""
     service: dict = {
         "image": c.image,
+        "build": {"context": ".", "dockerfile_inline": _literal(c.dockerfile)},  # the patched image
         "container_name": c.name,
         "entrypoint": ["sh", "-c", _literal(c.script)],
         "network_mode": "host",
@@ -138,8 +191,7 @@ def compose(c: Container) -> dict:
         "resources": {"reservations": {"devices": [{"driver": "nvidia", "count": c.gpus, "capabilities": ["gpu"]}]}}
     }
     doc: dict = {"name": c.name, "services": {c.name: service}}
-    if c.named_volume:
-        doc["volumes"] = {c.named_volume: {}}
+    doc["volumes"] = {**({c.named_volume: {}} if c.named_volume else {}), JIT_VOLUME: {}}
     return doc
 
 
@@ -154,9 +206,20 @@ def compose_text(c: Container) -> str:
 
     head = [
         f"# {c.name}: `sm120kit serve` in a container (`sm120kit render docker`). Save as compose.yaml, then:",
-        "#   docker compose up -d && docker compose logs -f",
-        "# The same container with docker run:",
+        "#   docker compose up -d --build && docker compose logs -f",
+        f"# Its image, {c.image}: {c.base} with sm120kit and the profile's patches,",
+        "# applied and proven when it is built (the Dockerfile under build:, which",
+        "# `sm120kit render docker --dockerfile` prints alone).",
+        "# The same container with docker run, once the image is built (docker compose build):",
         *(f"#   {line}" for line in run_line(c).splitlines()),
     ]
-    body = yaml.safe_dump(compose(c), sort_keys=False, default_flow_style=False, width=1000)
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper, value: str):  # the Dockerfile as a block, line for line
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+    Dumper.add_representer(str, text)
+    body = yaml.dump(compose(c), Dumper=Dumper, sort_keys=False, default_flow_style=False, width=1000)
     return "\n".join(head) + "\n" + body

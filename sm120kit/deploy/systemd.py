@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from sm120kit.deploy import START_BURST, Deployment, give_up_floor_s, seconds, stop_budget_s
+from sm120kit.deploy.values import plain, unit_user
 from sm120kit.errors import UserError
 from sm120kit.node.checks.system import NOFILE_GOOD
 
@@ -45,6 +46,9 @@ def render_unit(d: Deployment, o: UnitOptions) -> str:
             "--unit-user sets User= of a system unit; a --user unit runs as the user whose manager runs it",
             "drop --unit-user, or render a system unit (without --user)",
         )
+    if o.unit_user is not None:
+        unit_user(o.unit_user)  # User=root;rm -rf / is not a user: systemd refuses the unit
+    plain("--env-file", o.env_file)  # written as it is: a newline would start a directive
     p, h, s = d.profile, d.profile.health, d.profile.server
     exe = list(o.exe)
     name = unit_name(d)
@@ -140,6 +144,8 @@ def _word(word: str, dollar: bool = True) -> str:
     if SAFE_WORD.fullmatch(word.replace("%%", "").replace("$$", "")):
         return word
     quoted = word.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    # any other control character as \xNN: a bare carriage return ends the line for systemd
+    quoted = re.sub(r"[\x00-\x1f\x7f]", lambda m: f"\\x{ord(m.group()):02x}", quoted)
     return f'"{quoted}"'  # systemd reads C escapes inside quotes: a newline stays in the word
 
 

@@ -15,21 +15,24 @@ from sm120kit.serve.command import ServeOptions, lock_run, metrics_served
 from sm120kit.serve.probe import probe_host
 from sm120kit.serve.rundir import RunRecord
 
-SHARED_CHECKS = ("api key", "patches", "stale processes")  # once for the fleet
+SHARED_CHECKS = ("api key", "imports", "patches", "stale processes")  # once for the fleet
 REPLICA_CHECKS = ("gpus", "ports")  # for each replica served here
 
 
 def run_preflight(fleet: FleetLaunch, target, options: ServeOptions) -> preflight.Preflight:
     from sm120kit.node import registry, snapshot
+    from sm120kit.node.checks.imports import entry_points
 
     node = snapshot.live(target, pairs=False)
     off = preflight.skipped(options)
     profile = fleet.plan.profile
     here = fleet.plan.here if fleet.replicas else []
     checks = [Check("profile", Status.OK, _rendered(fleet))]
-    shared = [c for c in SHARED_CHECKS if here or c == "api key"]  # a router alone loads no patch, runs no sglang
+    # a router alone loads no patch, runs no sglang: its key and its own imports
+    shared = [c for c in SHARED_CHECKS if here or c in ("api key", "imports")]
     first = here[0].profile if here else profile
-    checks += registry.run(tuple(shared), preflight.check_inputs(node, first, options, options.kill_stale), off)
+    inputs = preflight.check_inputs(node, first, options, options.kill_stale, entry_points(fleet))
+    checks += registry.run(tuple(shared), inputs, off)
     for r in here:
         for c in registry.run(REPLICA_CHECKS, preflight.check_inputs(node, r.profile, options), off):
             checks.append(dataclasses.replace(c, id=f"{c.id} ({r.name})"))

@@ -16,6 +16,7 @@ from sm120kit.errors import UserError
 from sm120kit.profiles.model import is_loopback
 from sm120kit.profiles.render import gpus_used
 from sm120kit.serve.probe import probe_host
+from sm120kit.urls import http_url, parse_http_url
 
 if TYPE_CHECKING:
     from sm120kit.profiles.model import Profile
@@ -51,7 +52,7 @@ class FleetPlan:
 
     @property
     def router_url(self) -> str:
-        return f"http://{probe_host(self.router_host)}:{self.router_port}"
+        return http_url(probe_host(self.router_host), self.router_port)
 
 
 def _problem(profile: Profile, text: str, hint: str) -> UserError:
@@ -103,7 +104,7 @@ def plan(profile: Profile, *, everything_elsewhere: bool = False) -> FleetPlan:
     for k, entry in enumerate(entries):
         name = f"replica-{k}"
         if entry is not None and entry.url:
-            replicas.append(ReplicaPlan(name, entry.url.rstrip("/"), (), None, False, None))
+            replicas.append(ReplicaPlan(name, parse_http_url(entry.url).text, (), None, False, None))
             continue
         port = entry.port if entry is not None and entry.port else router_port + 1 + k
         if port > 65535:
@@ -134,9 +135,9 @@ def plan(profile: Profile, *, everything_elsewhere: bool = False) -> FleetPlan:
                         "give each replica GPUs of its own ([[fleet.replica]] gpus = ...)",
                     )
                 owner[g] = name
-            url = f"http://{probe_host(fleet.replica_host)}:{port}"
+            url = http_url(probe_host(fleet.replica_host), port)
         else:
-            url = f"http://{node}:{port}"
+            url = http_url(node, port)
         replicas.append(
             ReplicaPlan(name, url, gpus, port, here, _replica_profile(profile, name, gpus, port) if here else None)
         )

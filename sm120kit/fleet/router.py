@@ -46,6 +46,7 @@ from packaging.version import Version
 
 from sm120kit.errors import UserError
 from sm120kit.serve.probe import probe_host
+from sm120kit.urls import http_url
 
 # The releases whose worker API and options were read, and which pass tests/test_router.py
 # (0.2.4, 0.3.0, 0.3.1 and 0.3.2: PYTHONPATH=<a site-packages holding one> pytest ...):
@@ -130,7 +131,14 @@ def read_router_schema(target) -> RouterSchema | None:
             f"{path}: cannot read sglang-router {dist.version}'s options ({exc.__class__.__name__})",
             f"reinstall it: pip install --force-reinstall --no-deps sglang-router=={dist.version}",
         ) from None
-    return schema_from_source(dist.version, source)
+    try:
+        return schema_from_source(dist.version, source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:  # garbage, NUL bytes, nested too deep
+        raise UserError(
+            f"cannot read sglang-router {dist.version}'s options: {path} is not Python sm120kit can read "
+            f"({exc.__class__.__name__})",
+            f"reinstall it: pip install --force-reinstall --no-deps sglang-router=={dist.version}",
+        ) from None
 
 
 def _check(value: object, option: RouterOption) -> bool:
@@ -228,7 +236,7 @@ class RouterClient:
     def __init__(self, host: str, port: int, api_key: str | None = None, timeout: float = 5.0) -> None:
         self.host = probe_host(host)  # a router bound to 0.0.0.0 is asked on the loopback
         self.port, self.api_key, self.timeout = port, api_key, timeout
-        self.where = f"the router at http://{host}:{port}"
+        self.where = f"the router at {http_url(host, port)}"
 
     def _request(self, method: str, path: str, body: dict | None = None) -> tuple[int, object]:
         headers = {"Content-Type": "application/json"} if body is not None else {}

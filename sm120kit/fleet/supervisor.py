@@ -143,9 +143,9 @@ class Fleet:
                 self._route()
         gone = [m for m in self.replicas if m.exit_code is not None]
         if self.replicas and len(gone) == len(self.replicas):
-            return self._give_up("every replica's supervisor has ended (crash-loop limit)")
+            return self._give_up("every replica's supervisor has ended (crash-loop limit)", gone)
         if self.router is not None and self.router.exit_code is not None:
-            return self._give_up("the router's supervisor has ended (crash-loop limit)")
+            return self._give_up("the router's supervisor has ended (crash-loop limit)", [self.router])
         ready = sum(m.ready for m in self.replicas)
         # ready: a replica here generates and, with a router, the router has a worker to send to
         # (its /readiness: registration is a job of its own, and --router-only's workers are elsewhere)
@@ -276,10 +276,14 @@ class Fleet:
 
     # -- the end -----------------------------------------------------------------------
 
-    def _give_up(self, why: str) -> ExitCode:
+    def _give_up(self, why: str, ended: list[Member]) -> ExitCode:
+        """FINDINGS once stopped clean; ERROR where each member that ended did with ERROR
+        (its server lacks a module: no restart of the fleet mends that either)."""
         self.say(f"giving up: {why}")
         self.record.event(EventKind.GAVE_UP, reason=why)
         code = self._stop(gave_up=True)
+        if code is ExitCode.OK and all(m.exit_code == ExitCode.ERROR for m in ended):
+            return ExitCode.ERROR
         return ExitCode.FINDINGS if code is ExitCode.OK else code
 
     def _stop(self, gave_up: bool) -> ExitCode:
@@ -361,6 +365,6 @@ def _meaning(code: int) -> str:
     return {
         ExitCode.OK: "stopped clean",
         ExitCode.FINDINGS: "gave up (crash-loop limit) or failed its smoke",
-        ExitCode.ERROR: "refused to start",
+        ExitCode.ERROR: "refused to start, or its server lacks a module (a restart cannot mend that)",
         ExitCode.UNCLEAN: "stopped, but something of its server was left",
     }.get(code, f"exit code {code}")

@@ -5,10 +5,10 @@ dependency); `load(FILE)` replays a document that `sm120kit doctor --json` recor
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
+from sm120kit import shallow_json
 from sm120kit.errors import UserError
 from sm120kit.node.nvml_schema import Gpu, NvmlDocument, validate
 
@@ -59,7 +59,7 @@ def load(path: str) -> dict:
     """A recorded document: `sm120kit doctor --json`'s "nvml" object, or the object itself."""
     hint = "pass a file written by `sm120kit doctor --json`"
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = shallow_json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise UserError(f"--nvml {path}: cannot read an NVML document ({exc})", hint) from None
     doc = doc.get("nvml", doc) if isinstance(doc, dict) else None

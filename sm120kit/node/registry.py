@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from sm120kit.errors import UserError
 from sm120kit.node.check import Check, Status
-from sm120kit.node.checks import gpus, known_failures, nccl, patches, serving, software, system
+from sm120kit.node.checks import gpus, imports, known_failures, nccl, patches, serving, software, system
 from sm120kit.node.snapshot import Snapshot
 
 
@@ -32,6 +32,8 @@ class CheckInputs:
     debug: bool = False  # --debug: a check that crashes raises, with its traceback
     running: frozenset[str] = frozenset()  # the ids run together (set by run())
     nccl: object | None = None  # doctor --nccl: sm120kit.node.checks.nccl.Request; None: not asked
+    # (python, module) of each program serve starts as `python -m MODULE`: what the imports check reads
+    entry_points: tuple[tuple[str, str], ...] = ()
 
     @property
     def server_env(self) -> dict[str, str]:
@@ -60,6 +62,7 @@ CHECKS: dict[str, Callable[[CheckInputs], Check | None]] = {
     "jit cache": software.jit_cache,
     "disk": software.disk,
     "api key": serving.api_key,
+    "imports": imports.imports,
     "stale processes": serving.stale_processes,
     "ports": serving.ports,
 }
@@ -85,7 +88,7 @@ DOCTOR = (
     "jit cache",
     "disk",
 )
-PREFLIGHT = ("api key", "patches", "stale processes", "gpus", "ports")  # serve's, in this order
+PREFLIGHT = ("api key", "imports", "patches", "stale processes", "gpus", "ports")  # serve's, in this order
 BENCH = ("software", "patches")  # recorded with the results: versions and each patch's outcome
 
 

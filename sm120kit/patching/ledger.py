@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import hashlib
 import json
 import os
@@ -27,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sm120kit import __version__
+from sm120kit import __version__, shallow_json
 from sm120kit.errors import UserError
 
 STATE_DIR = ".sm120kit"
@@ -55,7 +56,17 @@ def sha256(data: bytes) -> str:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Temp file in the same directory, fsync, keep mode bits and owner, os.replace."""
+    """Temp file in the same directory, fsync, keep mode bits and owner, os.replace. A
+    failure (EIO, ENOSPC, out of inodes) is an OSError that names `path`, not its temp file."""
+    try:
+        _write_atomic(path, data)
+    except OSError as exc:
+        if exc.filename == str(path):
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
     st = path.stat() if path.exists() else None
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     try:
@@ -143,7 +154,7 @@ class Ledger:
         ledger = cls(site)
         ledger.check_state_dir()
         try:
-            raw = json.loads(ledger.path.read_text())
+            raw = shallow_json.loads(ledger.path.read_text())
         except FileNotFoundError:
             return ledger
         except (OSError, ValueError) as exc:
@@ -156,17 +167,12 @@ class Ledger:
                     "upgrade sm120kit (pip install -U sm120kit)",
                 )
             raise ledger.damaged(f"schema {found!r}, expected {' or '.join(map(str, SCHEMAS))}")
-        from sm120kit.errors import problems
-        from sm120kit.patching.ledger_schema import LedgerDocument
+        from sm120kit.patching import ledger_check  # the strict schema, its verdict cached by contents
 
         try:
-            doc = LedgerDocument.model_validate(raw)
-        except ValueError as exc:
-            raise ledger.damaged(problems(exc)) from None
-        ledger.files = {k: FileEntry(**v.model_dump()) for k, v in doc.files.items()}
-        ledger.allowed_missing = {k: v.model_dump() for k, v in doc.allowed_missing.items()}
-        ledger.tuned = {k: TunedEntry(**v.model_dump()) for k, v in doc.tuned.items()}
-        ledger.moe_config_dirs = list(doc.moe_config_dirs)
+            ledger.files, ledger.allowed_missing, ledger.tuned, ledger.moe_config_dirs = ledger_check.read(raw)
+        except ledger_check.Invalid as exc:
+            raise ledger.damaged(str(exc)) from None
         ledger.loaded = ledger.document()
         return ledger
 
@@ -299,6 +305,15 @@ class ReadOnly(UserError):
     """The state directory cannot be written (a read-only layer, another owner)."""
 
     def __init__(self, where: Path, exc: OSError) -> None:
+        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):  # the disk failed, not the permissions
+            super().__init__(
+                f"{exc.filename or where} cannot be written ([Errno {exc.errno}] {exc.strerror or exc}); "
+                "nothing was changed",
+                "free some space (or inodes: df -i) and run the command again"
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+                else "fix the cause (the kernel log says more about an I/O error) and run the command again",
+            )
+            return
         super().__init__(
             f"{where} is not writable ({exc.strerror or exc}): "
             "this environment is read-only for this user; nothing was changed",

@@ -36,10 +36,16 @@ def _load_module(path: Path) -> Patch:
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses and libcst need the module registered
         spec.loader.exec_module(module)
-    except Exception as exc:  # a broken user patch is bad input, not a crash
+    except BaseException as exc:  # a broken user patch is bad input, not a crash
+        # BaseException too: a module that calls sys.exit(0) or raises KeyboardInterrupt at
+        # import would otherwise end the whole run, `patch --verify` exiting 0 with nothing done.
         sys.modules.pop(name, None)
+        if isinstance(exc, SystemExit):
+            said = f"it calls sys.exit({exc.code!r}) at import"
+        else:
+            said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         raise UserError(
-            f"{path}: the patch module failed to load ({type(exc).__name__}: {exc})",
+            f"{path}: the patch module failed to load ({said})",
             "fix the module or remove its directory from --patch-dir / $" + ENV_VAR,
         ) from None
     patch = getattr(module, "PATCH", None)

@@ -33,8 +33,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from sm120kit import __version__
-from sm120kit.errors import UserError
+from sm120kit import __version__, shallow_json
+from sm120kit.errors import UserError, record_change
 from sm120kit.patching.ledger import TMP_SUFFIX, Ledger, sha256, write_atomic
 
 JOURNAL = "journal.json"
@@ -94,7 +94,7 @@ def commit(ledgers: dict[Path, Ledger], writes: list[FileWrite], op: str) -> Non
         for site in sites:  # nothing was replaced yet: the journal can go
             with contextlib.suppress(OSError):
                 journal_path(site).unlink(missing_ok=True)
-        raise _write_error(exc, exc.filename or ledgers[sites[0]].state_dir, [], writes) from None
+        raise _write_error(exc, exc.filename or ledgers[sites[0]].state_dir, {}, writes) from None
 
     touched: list[FileWrite] = []  # a file counts as written from the moment its write starts
     committed: list[Path] = []
@@ -111,8 +111,20 @@ def commit(ledgers: dict[Path, Ledger], writes: list[FileWrite], op: str) -> Non
     except OSError as exc:
         states = _roll_back(touched, sites, {site: ledgers[site] for site in committed})
         raise _write_error(exc, failed, states, writes) from None
+    # The commit point: from here on the change stands, and a failure says so (exit 4).
+    files = f"{len(writes)} file{'' if len(writes) == 1 else 's'}"
+    record_change(f"`{op}` wrote {files} and the ledger in {', '.join(map(str, sites))}")
+    failures = []
     for site in sites:
-        _finish(ledgers[site])
+        try:
+            _finish(ledgers[site])
+        except OSError as exc:
+            failures.append(f"removing {exc.filename or journal_path(site)} failed ({_reason(exc)})")
+    if failures:
+        raise UserError(
+            "; ".join(failures),
+            "the next `sm120kit patch` or `unpatch` finishes the cleanup (`sm120kit status` says what is left)",
+        )
 
 
 def _replace(path: Path, data: bytes | None) -> None:
@@ -262,7 +274,21 @@ def _fsync_dir(path: Path) -> None:
 
 def recover(site: Path, resolve) -> list[str]:
     """Finish what an interrupted run left in `site` (call under the lock). `resolve(package,
-    relpath)` gives the file's path inside the target, or None. Returns what was done."""
+    relpath)` gives the file's path inside the target, or None. Returns what was done. A
+    write that fails meanwhile leaves the journal for the next run, and says so."""
+    try:
+        return _recover(site, resolve)
+    except OSError as exc:
+        journal = journal_path(site)
+        left = f"its journal {journal} stays for the next run" if journal.exists() else "the journal is gone"
+        raise UserError(
+            f"finishing the interrupted sm120kit run in {site} failed at {exc.filename or site} "
+            f"({_reason(exc)}); {left}",
+            "fix the cause and run the command again: it finishes that run first",
+        ) from None
+
+
+def _recover(site: Path, resolve) -> list[str]:
     ledger = Ledger(site)
     messages = _remove_temp_files(ledger.state_dir, ledger.state_dir / "backups")
     path = journal_path(site)
@@ -271,7 +297,7 @@ def recover(site: Path, resolve) -> list[str]:
             Ledger.load(site).collect_backups()
         return messages
     try:
-        journal = json.loads(path.read_text())
+        journal = shallow_json.loads(path.read_text())
         files = [(str(f["package"]), str(f["path"]), _text(f["before"]), _text(f["after"])) for f in journal["files"]]
         committed = ledger.path.exists() and sha256(ledger.path.read_bytes()) == journal["ledger_after"]
     except (OSError, ValueError, KeyError, TypeError) as exc:

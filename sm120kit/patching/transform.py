@@ -77,6 +77,7 @@ def run_rewrites(
         return source, [_finding(p, r, Outcome.ANCHOR_MISSING, reason, version, relpath) for p, r in items]
 
     findings = []
+    rewritten = False  # unchanged code is not generated again: the source is its bytes
     for patch, rewrite in items:
         try:
             result = rewrite.transform(module, patch.context())
@@ -87,10 +88,10 @@ def run_rewrites(
             findings.append(_finding(patch, rewrite, Outcome.FAILED, detail, version, relpath))
             continue
         if isinstance(result, Rewritten):
-            module = result.module
+            module, rewritten = result.module, True
         outcome, detail = _judge(result, patch.fixed_in_for(rewrite))
         findings.append(_finding(patch, rewrite, outcome, detail, version, relpath))
-    after = module.bytes
+    after = module.bytes if rewritten else source
     if after != source:
         _self_check(after, items, findings, relpath)
     return after, findings

@@ -106,6 +106,26 @@ def _mutated(tree: ast.Module, name: str) -> bool:
     return False
 
 
+class UnreadableSource(ValueError):
+    """A file of the release that is not Python this reader can parse (garbage, not UTF-8,
+    NUL bytes, nested past the parser's limits); the message names it, by its path in the
+    release, and why."""
+
+    def __init__(self, relpath: str, why: str) -> None:
+        super().__init__(f"{relpath}: {why}")
+        self.relpath, self.why = relpath, why
+
+
+def _parsed(data: bytes, relpath: str) -> ast.Module:
+    try:
+        return ast.parse(data, relpath)
+    except SyntaxError as exc:  # garbage, a non-UTF-8 byte, a NUL byte
+        where = f" (line {exc.lineno})" if exc.lineno else ""
+        raise UnreadableSource(relpath, f"not Python sm120kit can read: {exc.msg}{where}") from None
+    except (ValueError, RecursionError, MemoryError) as exc:  # NUL bytes (3.11), nesting past the parser's limits
+        raise UnreadableSource(relpath, f"not Python sm120kit can read ({exc.__class__.__name__})") from None
+
+
 class _Reader:
     """The release's modules, parsed on demand; `digests` records every file read."""
 
@@ -121,7 +141,7 @@ class _Reader:
                 data = self._read(relpath)
                 self.digests[relpath] = _digest(data)
                 if data is not None:
-                    self._trees[dotted] = ast.parse(data, relpath)
+                    self._trees[dotted] = _parsed(data, relpath)
                     break
         return self._trees[dotted]
 
@@ -351,5 +371,10 @@ def read_schema(dist) -> FlagSchema:
     except FileNotFoundError as exc:  # a partial or damaged install
         raise UserError(
             f"{exc} (under {dist.file('sglang')}): cannot read its flags",
+            f"reinstall it: pip install --force-reinstall --no-deps sglang=={dist.version}",
+        ) from None
+    except UnreadableSource as exc:  # a file of it damaged or edited into something else
+        raise UserError(
+            f"cannot read sglang {dist.version}'s flags: {dist.file(exc.relpath)} is {exc.why}",
             f"reinstall it: pip install --force-reinstall --no-deps sglang=={dist.version}",
         ) from None

@@ -9,6 +9,7 @@ UserError naming the file (or the --set), the key and the next step.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import difflib
 import json
@@ -201,19 +202,64 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _tables(model: type[BaseModel] = Profile, prefix: Path_ = ()):
+    """(key path, model) of every table of a profile ([engine], [fleet], ...; not arrays of tables)."""
+    yield prefix, model
+    for key in _fields(model):
+        t = model.model_fields[key].annotation
+        if get_origin(t) in (Union, UnionType) and len(models := [a for a in get_args(t) if _is_model(a)]) == 1:
+            t = models[0]
+        if _is_model(t):
+            yield from _tables(t, (*prefix, key))
+
+
+def _relocated(path: Path_, depth: int, close: bool = False) -> list[Path_]:
+    """The key paths the user meant when the key at `depth` belongs to another table: its
+    section left out (max_running_requests: engine.max_running_requests) or the wrong one
+    (engine.tp: parallel.tp). The same key elsewhere; with `close`, a close one."""
+    key, rest = str(path[depth]), path[depth + 1 :]
+    elsewhere = [(where, _fields(model)) for where, model in _tables() if where != path[:depth]]
+    if close:
+        near = {(*where, f): f for where, fields in elsewhere for f in fields}
+        matches = set(difflib.get_close_matches(key, list(near.values()), n=3, cutoff=0.8))
+        found = [candidate for candidate, f in near.items() if f in matches]
+    else:
+        found = [(*where, key) for where, fields in elsewhere if key in fields]
+    moved = []
+    for candidate in found:
+        try:
+            _type_at((*candidate, *rest))
+        except LookupError:
+            continue
+        moved.append((*candidate, *rest))
+    return moved
+
+
 def _unknown_key(path: Path_, depth: int, options: list[str]) -> tuple[str, str]:
     """(message, hint) for a key path whose segment at `depth` is not in the model."""
+    message, hint, _ = _meant(path, depth, options)
+    return message, hint
+
+
+def _meant(path: Path_, depth: int, options: list[str]) -> tuple[str, str, Path_ | None]:
+    """_unknown_key's (message, hint), and the key path the user most likely meant (None:
+    no guess). The same key in another table first (a section left out), then a close key
+    in this table, then a close key in another."""
     prefix, key = path[:depth], str(path[depth])
     if not options:
-        return f"{_dotted(path)}: {_dotted(prefix)} is a value, not a table", f"set {_dotted(prefix)} itself"
+        return f"{_dotted(path)}: {_dotted(prefix)} is a value, not a table", f"set {_dotted(prefix)} itself", None
+    unknown = f"unknown key {_dotted(path[: depth + 1])}"
     near = difflib.get_close_matches(key, options, n=1, cutoff=0.6)
+    moved = _relocated(path, depth) or ([] if near else _relocated(path, depth, close=True))
+    if moved:
+        where = _dotted(moved[0][: len(moved[0]) - len(path) + depth])
+        hint = f"put it under [{where}]" if where else "put it at the top level"
+        return f"{unknown}; did you mean {' or '.join(map(_dotted, moved))}?", hint, moved[0]
     if near:
-        return (
-            f"unknown key {_dotted(path[: depth + 1])}; did you mean {_dotted((*prefix, near[0]))}?",
-            f"rename it to {near[0]}",
-        )
+        meant = (*prefix, near[0], *path[depth + 1 :])
+        return f"{unknown}; did you mean {_dotted((*prefix, near[0]))}?", f"rename it to {near[0]}", meant
     where = f"under [{_dotted(prefix)}]" if prefix else "at the top level"
-    return f"unknown key {_dotted(path[: depth + 1])}", f"valid keys {where}: {', '.join(options)}"
+    return unknown, f"valid keys {where}: {', '.join(options)}", None
 
 
 # -- --set -------------------------------------------------------------------------------
@@ -238,7 +284,10 @@ def parse_set(item: str, option: str = "--set") -> tuple[Path_, Any]:
     try:
         t = _type_at(path)
     except LookupError as exc:
-        message, hint = _unknown_key(path, *exc.args)
+        message, hint, meant = _meant(path, *exc.args)
+        with contextlib.suppress(LookupError):
+            if meant and _type_at(meant):
+                hint = f"{option} {_dotted(meant)}={raw}"  # the one to write
         raise UserError(f"{option} {item!r}: {message}", hint) from None
     try:
         parsed = tomllib.loads(f"v = {raw}")

@@ -137,6 +137,16 @@ def _plain(bound: float) -> str:
     return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
 
+def _host(value: str | None) -> str | None:
+    """A host the URLs built from it hold as it is (the router's, its workers'): a name or an
+    IP address (sm120kit.urls)."""
+    from sm120kit.urls import host_problem
+
+    if value is not None and (problem := host_problem(value)):
+        raise ValueError(problem)
+    return value
+
+
 def is_loopback(host: str) -> bool:
     host = host.strip().strip("[]").rstrip(".").lower()
     if host == "localhost":
@@ -387,6 +397,11 @@ class Server(BaseModel):
         "as `serve --metrics-port` does.",
     )
 
+    @field_validator("host")
+    @classmethod
+    def _is_host(cls, value: str) -> str:
+        return _host(value)
+
     @field_validator("api_key_env")
     @classmethod
     def _key_is_a_name(cls, value: str | None) -> str | None:
@@ -446,16 +461,18 @@ class Replica(BaseModel):
     @classmethod
     def _is_url(cls, value: str | None) -> str | None:
         if value is not None:
-            from urllib.parse import urlsplit
+            from sm120kit.urls import BadUrl, parse_http_url
 
             try:
-                parts = urlsplit(value)
-                port = parts.port
-            except ValueError:
-                parts, port = None, None
-            if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or port is None:
-                raise ValueError(f"{value!r} is not a worker URL: write it as http://HOST:PORT")
+                parse_http_url(value)  # the one parser of a server's URL (smoke and bench --url too)
+            except BadUrl as exc:
+                raise ValueError(f"{value!r} is not a worker URL ({exc}): write it as http://HOST:PORT") from None
         return value
+
+    @field_validator("node")
+    @classmethod
+    def _is_host(cls, value: str | None) -> str | None:
+        return _host(value)
 
     @model_validator(mode="after")
     def _served_here_or_not(self) -> Replica:
@@ -487,6 +504,11 @@ class Fleet(BaseModel):
         description="Options of sglang's router, as the installed sglang-router names them (policy, port, host, "
         "health_check_interval_secs, ...); port and host default to server.port and server.host.",
     )
+
+    @field_validator("replica_host")
+    @classmethod
+    def _is_host(cls, value: str) -> str:
+        return _host(value)
 
     @model_validator(mode="after")
     def _one_form(self) -> Fleet:

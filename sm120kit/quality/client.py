@@ -8,13 +8,14 @@ there, or refuses the key, is a UserError: nothing can be checked."""
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import threading
 import time
 from dataclasses import dataclass, field
-from urllib.parse import urlparse
 
 from sm120kit.errors import UserError
+from sm120kit.urls import parse_http_url
 
 REACH_TIMEOUT_S = 10.0
 
@@ -36,8 +37,8 @@ class Reply:
 
 class Client:
     def __init__(self, url: str, api_key: str | None = None, timeout: float = 60.0, seed: int | None = 0) -> None:
-        parts = urlparse(url)
-        self.url, self.host, self.port = url, parts.hostname or "127.0.0.1", parts.port or 80
+        parts = parse_http_url(url)  # a BadUrl (ValueError) for a malformed one: the CLI's url_option said it first
+        self.url, self.host, self.port = url, parts.host, parts.port
         self.https = parts.scheme == "https"
         self.timeout = timeout
         self.seed = seed  # sampling_seed; None once the server refused the field
@@ -146,6 +147,69 @@ class Client:
             seconds=seconds,
         )
 
+    def stream(
+        self, text: str, max_new_tokens: int, deadline: float | None = None, incremental: bool | None = None
+    ) -> Reply:
+        """One streamed /generate (`"stream": true`), read to its `data: [DONE]`: sglang's
+        events each carry the text so far, or only their own piece where the server runs
+        with --incremental-streaming-output (`incremental`, as /server_info says; None:
+        judged from the events, which then each extend the one before or not). The
+        Reply's text is the whole answer so assembled, as a non-streamed request gets it."""
+        began = time.monotonic()
+        end = began + self.timeout if deadline is None else min(began + self.timeout, deadline)
+        conn = self._connection(max(0.05, end - began))
+        body = json.dumps(self.payload(text, max_new_tokens, stream=True))
+        texts: list[str] = []
+        meta: dict = {}
+        try:
+            conn.request("POST", "/generate", body, self._headers)
+            response = conn.getresponse()
+            if response.status in (401, 403):
+                raise self._refused(response.status)
+            if response.status != 200:
+                shown = response.read()[:200].decode("utf-8", errors="replace")
+                return Reply(error=f"HTTP {response.status}: {shown}".strip(), seconds=time.monotonic() - began)
+            done = False
+            for raw in response:
+                if time.monotonic() > end:
+                    return Reply(error="timed out mid-stream", seconds=time.monotonic() - began, unanswered=True)
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    done = True
+                    break
+                try:
+                    event = json.loads(data)
+                except ValueError:
+                    return Reply(error=f"a streamed event is not JSON: {data[:80]!r}", seconds=time.monotonic() - began)
+                if not isinstance(event, dict):
+                    return Reply(
+                        error=f"a streamed event is not an object: {data[:80]!r}", seconds=time.monotonic() - began
+                    )
+                if isinstance(event.get("error"), dict):
+                    message = event["error"].get("message") or event["error"]
+                    return Reply(error=f"error mid-stream: {message}", seconds=time.monotonic() - began)
+                texts.append(event.get("text") if isinstance(event.get("text"), str) else "")
+                meta = event.get("meta_info") if isinstance(event.get("meta_info"), dict) else meta
+        except TimeoutError:
+            return Reply(error="timed out mid-stream", seconds=time.monotonic() - began, unanswered=True)
+        except (OSError, http.client.HTTPException) as exc:
+            return Reply(error=f"{type(exc).__name__}: {exc}", seconds=time.monotonic() - began, unanswered=True)
+        finally:
+            conn.close()
+        if not done:
+            return Reply(error="the stream ended without data: [DONE]", seconds=time.monotonic() - began)
+        finish = meta.get("finish_reason")
+        return Reply(
+            text=assembled(texts, incremental),
+            completion_tokens=meta.get("completion_tokens") if isinstance(meta.get("completion_tokens"), int) else None,
+            finish=finish.get("type") if isinstance(finish, dict) else None,
+            meta={**meta, "events": len(texts)},
+            seconds=time.monotonic() - began,
+        )
+
     def burst(self, texts: list[str], max_new_tokens: int, deadline: float | None = None) -> list[Reply]:
         """Every text at once, one thread and connection each, released together; each
         request given up at `deadline` at the latest."""
@@ -170,3 +234,11 @@ class Client:
         for t in threads:
             t.join()
         return [r or Reply(error="no reply") for r in replies]
+
+
+def assembled(texts: list[str], incremental: bool | None) -> str:
+    """A streamed answer from its events' texts: joined where each is its own piece,
+    the last where each is the text so far."""
+    if incremental is None:
+        incremental = not all(b.startswith(a) for a, b in itertools.pairwise(texts))
+    return "".join(texts) if incremental else (texts[-1] if texts else "")

@@ -1,11 +1,19 @@
 """`sm120kit smoke`: the checks against a running server, one SmokeReport.
 
-    answers      the tasks sent one at a time: at least PASS_RATE of them answered right
+    answers      the tasks sent one at a time: at least PASS_RATE of them answered right,
+                 and every kind of task on its own too (PASS_RATE of its 3-4 tasks,
+                 rounded down, and at least one): a kind the model never answers fails
     garbage      no output of any request (alone or in the burst) that a detector flags
     under-load   the tasks again inside a burst of `concurrency` requests at once (filled
-                 with more copies of them): at least PASS_RATE answered right, and the
-                 answer lines the same as alone on at least AGREEMENT of the requests
-    logprobs     the fixed text's prompt logprobs come back, finite and <= 0
+                 with more copies of them): at least PASS_RATE answered right (every kind
+                 on its own too), and the answer lines the same as alone on at least
+                 AGREEMENT of the requests
+    streamed     one task of each kind again, streamed ("stream": true, as clients and
+                 sglang's benchmark client ask): the answer the events assemble is the
+                 one sent whole, to the character
+    logprobs     the fixed text's prompt logprobs come back, finite and <= 0, and are a
+                 model's (logprobs.py): they vary across positions, and the greedy
+                 tokens generated after the text carry the top logprob of their position
     baseline     (--baseline) the same logprobs against the recorded ones: mean and max
                  |Δ| per token within LOGPROB_MEAN_MAX / LOGPROB_TOKEN_MAX; the answers
                  the same as recorded on at least AGREEMENT of the tasks
@@ -33,6 +41,7 @@ from sm120kit.errors import UserError
 from sm120kit.exit_codes import ExitCode
 from sm120kit.quality import baseline as baselines
 from sm120kit.quality import detectors, tasks
+from sm120kit.quality import logprobs as logprob_rules
 from sm120kit.quality.client import Client, Reply
 
 PASS_RATE = 0.90  # of the tasks answered right, alone and in the burst
@@ -41,6 +50,7 @@ LOGPROB_MEAN_MAX = 0.05  # nats: mean |Δ logprob| per prompt token against the 
 LOGPROB_TOKEN_MAX = 1.0  # nats: the largest |Δ| of one token
 MIN_BURST, MAX_BURST = 64, 512  # the burst: at least the issue's 64; at most 512 threads and sockets
 MAX_NEW_TOKENS = 16
+LOGPROB_NEW_TOKENS = 8  # greedy tokens after the fixed text, each checked against its position's top logprobs
 GIVE_UP_AFTER = 3  # requests in a row without an answer (timed out, refused): the rest are not sent
 EXAMPLES = 3
 SHOWN = 60  # characters of an output in an example
@@ -83,10 +93,10 @@ def options_for(profile, url: str | None = None, **overrides) -> SmokeOptions:
     wins), a burst of the profile's scale (engine.max_running_requests) within
     MIN_BURST..MAX_BURST; any other SmokeOptions field as an override."""
     from sm120kit.serve.probe import probe_host
+    from sm120kit.urls import http_url
 
     if url is None:
-        host = probe_host(profile.server.host)
-        url = f"http://{f'[{host}]' if ':' in host else host}:{profile.server.port}"
+        url = http_url(probe_host(profile.server.host), profile.server.port)
     if "api_key" not in overrides:
         from sm120kit.bench.client import api_key
 
@@ -106,6 +116,7 @@ class CheckName(str, Enum):
     ANSWERS = "answers"
     GARBAGE = "garbage"
     UNDER_LOAD = "under-load"
+    STREAMED = "streamed"
     LOGPROBS = "logprobs"
     BASELINE = "baseline"
 
@@ -233,6 +244,7 @@ def smoke(options: SmokeOptions, progress: Progress | None = None) -> SmokeRepor
     model = client.reach(options.name)
     info = client.get_json("/server_info") or client.get_json("/get_server_info") or {}
     model_path = info.get("model_path") if isinstance(info.get("model_path"), str) else None
+    incremental = _incremental_streaming(info)
     sglang = info.get("version") if isinstance(info.get("version"), str) else None
     _same_model_as_profile(options, model, model_path)
     if reference:
@@ -252,6 +264,11 @@ def smoke(options: SmokeOptions, progress: Progress | None = None) -> SmokeRepor
         sender.send(lambda t=task: client.generate(t.prompt, options.max_new_tokens, sender.deadline)) for task in work
     ]
     checks = [_answers(work, alone, options)]
+    picked = _streamed_tasks(work)  # after the tasks alone: each is compared with its answer sent whole
+    streamed = [
+        sender.send(lambda t=work[i]: client.stream(t.prompt, options.max_new_tokens, sender.deadline, incremental))
+        for i in picked
+    ]
     burst: list[Reply] = []
     if any(r.error is None for r in alone) and not sender.stopped():
         progress.step(f"the tasks again inside a burst of {options.concurrency} concurrent requests ...")
@@ -261,6 +278,7 @@ def smoke(options: SmokeOptions, progress: Progress | None = None) -> SmokeRepor
             sender.stalled = f"none of the burst's {len(burst)} requests got an answer (e.g. {burst[0].error})"
     checks.append(_garbage(work, alone, burst))
     checks.append(_under_load(work, alone, burst, options, sender.stalled))
+    checks.append(_streamed(work, alone, picked, streamed))
     checks.append(_logprob_check(found[baselines.FIXED_TEXT]))
     if reference:
         checks.append(_baseline_check(options, reference, found[reference.text], drift, work, alone))
@@ -344,17 +362,47 @@ def _percent(part: int, whole: int) -> str:
     return f"{100 * part / whole:.0f} %" if whole else "-"
 
 
+def kind_needed(of: int, rate: float) -> int:
+    """Right answers a kind of `of` tasks needs on its own: the smoke's rate, rounded down
+    (a kind has 3-4 of the 32 tasks: one may slip, as in the whole), and at least one."""
+    return max(1, math.floor(rate * of + 1e-9))
+
+
+def _by_kind(judged: list[tuple[tasks.Task, bool]], rate: float) -> tuple[dict[str, dict], list[str]]:
+    """Per task kind, {"right", "of"}; and the kinds short of kind_needed."""
+    kinds: dict[str, dict] = {}
+    for task, ok in judged:
+        count = kinds.setdefault(str(task.kind), {"right": 0, "of": 0})
+        count["right"] += ok
+        count["of"] += 1
+    return kinds, [kind for kind, c in kinds.items() if c["right"] < kind_needed(c["of"], rate)]
+
+
+def _kinds_said(kinds: dict[str, dict], failed: list[str], rate: float) -> str:
+    """ "; every kind must pass on its own: capitals 0/3 right, 2 needed" (a few kinds)."""
+    if not failed:
+        return ""
+    said = [
+        f"{k} {kinds[k]['right']}/{kinds[k]['of']} right, {kind_needed(kinds[k]['of'], rate)} needed" for k in failed
+    ]
+    more = f"; and {len(said) - EXAMPLES} more kinds" if len(said) > EXAMPLES else ""
+    return f"; every kind must pass on its own: {'; '.join(said[:EXAMPLES])}{more}"
+
+
 def _answers(work: list[tasks.Task], alone: list[Reply], options: SmokeOptions) -> Check:
-    wrong = [(t, r) for t, r in zip(work, alone) if r.error or not t.check(r.text)]
+    judged = [(t, not r.error and t.check(r.text)) for t, r in zip(work, alone)]
+    wrong = [(t, r) for (t, ok), r in zip(judged, alone) if not ok]
     right = len(work) - len(wrong)
-    passed = right >= math.ceil(options.pass_rate * len(work))
+    kinds, failed_kinds = _by_kind(judged, options.pass_rate)
+    passed = right >= math.ceil(options.pass_rate * len(work)) and not failed_kinds
     needed = _percent(options.pass_rate, 1)
     detail = f"{right}/{len(work)} answers right ({_percent(right, len(work))}, at least {needed} needed)"
+    detail += _kinds_said(kinds, failed_kinds, options.pass_rate)
+    wrong.sort(key=lambda pair: str(pair[0].kind) not in failed_kinds)  # the kinds that failed shown first
     examples = [f"{t.id} {t.question!r} -> {_shown(r)} (expected {t.answer})" for t, r in wrong[:EXAMPLES]]
-    short = f"{right}/{len(work)} answers right"
-    return Check(
-        CheckName.ANSWERS, passed, detail, short, [] if passed else examples, {"right": right, "of": len(work)}
-    )
+    short_text = f"{right}/{len(work)} answers right"
+    data = {"right": right, "of": len(work), "kinds": kinds, "failed_kinds": failed_kinds}
+    return Check(CheckName.ANSWERS, passed, detail, short_text, [] if passed else examples, data)
 
 
 def _garbage(work: list[tasks.Task], alone: list[Reply], burst: list[Reply]) -> Check:
@@ -385,7 +433,9 @@ def _under_load(
         why = "no task was answered alone" if all(r.error for r in alone) else stalled
         return Check(CheckName.UNDER_LOAD, False, f"not run: {why}", data={"requests": 0})
     n = len(work)
-    right = sum(1 for i, r in enumerate(burst) if not r.error and work[i % n].check(r.text))
+    judged = [(work[i % n], not r.error and work[i % n].check(r.text)) for i, r in enumerate(burst)]
+    right = sum(ok for _, ok in judged)
+    kinds, failed_kinds = _by_kind(judged, options.pass_rate)
     differ = [
         (i, r)
         for i, r in enumerate(burst)
@@ -393,10 +443,11 @@ def _under_load(
     ]
     same = len(burst) - len(differ)
     passed = right >= math.ceil(options.pass_rate * len(burst)) and same >= math.ceil(options.agreement * len(burst))
+    passed = passed and not failed_kinds
     detail = (
         f"burst of {len(burst)}: {right} right ({_percent(right, len(burst))}), "
         f"{same} agree with alone ({_percent(same, len(burst))}, at least {_percent(options.agreement, 1)} needed)"
-    )
+    ) + _kinds_said(kinds, failed_kinds, options.pass_rate)
     examples = [
         f"{work[i % n].id}: alone {_shown(alone[i % n])}, in the burst {_shown(r)}" for i, r in differ[:EXAMPLES]
     ]
@@ -404,12 +455,63 @@ def _under_load(
         wrong = [(i, r) for i, r in enumerate(burst) if r.error or not work[i % n].check(r.text)]
         examples = [f"{work[i % n].id} in the burst -> {_shown(r)}" for i, r in wrong[:EXAMPLES]]
     data = {"requests": len(burst), "right": right, "agree": same, "errors": sum(1 for r in burst if r.error)}
+    data["kinds"], data["failed_kinds"] = kinds, failed_kinds
     short = f"burst of {len(burst)} agrees on {same}/{len(burst)}"
     return Check(CheckName.UNDER_LOAD, passed, detail, short, [] if passed else examples, data)
 
 
+def _incremental_streaming(info: dict) -> bool | None:
+    """Whether the server streams each event's own text (--incremental-streaming-output,
+    0.5.10+; --stream-output in 0.5.9) or the text so far (the default), as /server_info
+    says; None when it does not say."""
+    for key in ("incremental_streaming_output", "stream_output"):
+        if isinstance(info.get(key), bool):
+            return info[key]
+    return None
+
+
+def _streamed_tasks(work: list[tasks.Task]) -> list[int]:
+    """The tasks sent again streamed: the first of each kind."""
+    seen: dict[tasks.Kind, int] = {}
+    for i, task in enumerate(work):
+        seen.setdefault(task.kind, i)
+    return sorted(seen.values())
+
+
+def _streamed(work: list[tasks.Task], alone: list[Reply], picked: list[int], streamed: list[Reply]) -> Check:
+    """Each streamed answer, as its events assemble it, against the same task sent whole:
+    greedy, one request at a time, the two are the same text."""
+    compared = [(work[i], alone[i], reply) for i, reply in zip(picked, streamed) if not alone[i].error]
+    differ = [(t, whole, reply) for t, whole, reply in compared if reply.error or reply.text != whole.text]
+    same = len(compared) - len(differ)
+    data = {"streamed": len(streamed), "compared": len(compared), "same": same}
+    if not compared:
+        why = "no task was answered whole" if all(alone[i].error for i in picked) else "none was streamed"
+        return Check(CheckName.STREAMED, False, f"not run: {why}", data=data)
+
+    def flagged(reply: Reply) -> str:
+        found = detectors.flags(detectors.Output(reply.text, reply.completion_tokens, reply.finish))
+        return f" ({', '.join(found)})" if found and not reply.error else ""
+
+    examples = [f"{t.id}: streamed {_shown(r)}{flagged(r)}, sent whole {_shown(w)}" for t, w, r in differ[:EXAMPLES]]
+    if differ:
+        detail = f"{len(differ)} of {len(compared)} streamed answers differ from the same task sent whole"
+    else:
+        detail = f"{same} tasks streamed (one of each kind): each the same as sent whole"
+    return Check(CheckName.STREAMED, not differ, detail, f"{same}/{len(compared)} streamed alike", examples, data)
+
+
 def _logprobs(client: Client, text: str, sender: _Sender) -> tuple[tuple[list[int], list] | None, Reply]:
-    reply = sender.send(lambda: client.generate(text, 1, sender.deadline, return_logprob=True, logprob_start_len=0))
+    reply = sender.send(
+        lambda: client.generate(
+            text,
+            LOGPROB_NEW_TOKENS,
+            sender.deadline,
+            return_logprob=True,
+            logprob_start_len=0,
+            top_logprobs_num=logprob_rules.TOP_LOGPROBS,
+        )
+    )
     return (None if reply.error else baselines.parse_logprobs(reply.meta)), reply
 
 
@@ -420,11 +522,19 @@ def _logprob_check(found: tuple) -> Check:
         return Check(CheckName.LOGPROBS, False, f"the fixed text's prompt logprobs did not come back: {why}")
     ids, values = parsed
     bad = [(i, v) for i, v in enumerate(values[1:], 1) if not (math.isfinite(v) and v <= 1e-6)]
+    problems, figures = logprob_rules.check(reply.meta, values)
     detail = f"{len(ids)} prompt logprobs" + (", finite and <= 0" if not bad else f": {len(bad)} not finite or > 0")
-    examples = [f"token {i} (id {ids[i]}): {v}" for i, v in bad[:EXAMPLES]]
-    return Check(
-        CheckName.LOGPROBS, not bad, detail, "logprobs finite", examples, {"tokens": len(ids), "bad": len(bad)}
-    )
+    if problems:
+        detail += f"; not a model's ({len(problems)} finding(s)): {problems[0]}"
+    else:
+        detail += (
+            f", spread over {figures['spread']:.1f} nats; {figures['greedy_checked']} greedy tokens each the most "
+            "likely of its position"
+        )
+    examples = [f"token {i} (id {ids[i]}): {v}" for i, v in bad[:EXAMPLES]] + problems[1 : 1 + EXAMPLES]
+    data = {"tokens": len(ids), "bad": len(bad), "problems": len(problems), **figures}
+    ok = not bad and not problems
+    return Check(CheckName.LOGPROBS, ok, detail, "logprobs finite, ranked", examples[:EXAMPLES], data)
 
 
 def _baseline_check(

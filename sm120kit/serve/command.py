@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from sm120kit import shallow_json
 from sm120kit.errors import UserError
 from sm120kit.exit_codes import ExitCode
 from sm120kit.profiles.render import EnvRef, Launch
@@ -200,6 +201,7 @@ def lock_run(name: str):
 
 def record_pid(record: RunRecord) -> int | None:
     try:
-        return json.loads(record.state_file.read_text()).get("supervisor_pid")
+        state = shallow_json.loads(record.state_file.read_text())
+        return state.get("supervisor_pid") if isinstance(state, dict) else None
     except (OSError, ValueError):
         return None

@@ -28,6 +28,7 @@ class Signature:
     title: str
     advice: str
     lookup: dict
+    restart: bool = True  # false: a restart cannot mend it (the environment is incomplete)
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,10 @@ class Diagnosis:
     title: str
     advice: str
     line: str  # the log line that matched
+    restart: bool = True  # false: the supervisor stops rather than restart (machine.after_end)
 
     def as_json(self) -> dict:
-        return {"id": self.id, "title": self.title, "advice": self.advice, "line": self.line}
+        return {"id": self.id, "title": self.title, "advice": self.advice, "line": self.line, "restart": self.restart}
 
 
 @cache
@@ -47,7 +49,9 @@ def signatures(path: Path = SIGNATURES) -> tuple[Signature, ...]:
     symptom of every failure of the known-failures survey that one of them does not name."""
     doc = tomllib.loads(path.read_text())
     found = [
-        Signature(s["id"], re.compile(s["pattern"]), s["title"], s["advice"], s.get("lookup", {}))
+        Signature(
+            s["id"], re.compile(s["pattern"]), s["title"], s["advice"], s.get("lookup", {}), s.get("restart", True)
+        )
         for s in doc["signature"]
     ]
     return (*found, *_survey_signatures({s.id for s in found}))
@@ -116,6 +120,7 @@ def diagnose(log: str, tail_lines: int = 400) -> list[Diagnosis]:
             if sig.lookup:
                 value = words.get(sig.lookup["group"], "")
                 words["kernel"] = sig.lookup.get("values", {}).get(value, sig.lookup.get("default", ""))
-            found[sig.id] = Diagnosis(sig.id, sig.title.format(**words), sig.advice.format(**words), line.strip())
+            title, advice = sig.title.format(**words), sig.advice.format(**words)
+            found[sig.id] = Diagnosis(sig.id, title, advice, line.strip(), sig.restart)
             break
     return list(found.values())

@@ -12,7 +12,9 @@ through it, with a fake clock and a fake host.
     ready --probe failed--> unhealthy --probe 200--> ready
     unhealthy --failures_before_restart in a row: hung--+
     starting --startup_timeout_s: start_timeout---------+--> (kill, diagnose) --> backoff
-    starting, ready, unhealthy --exited: died-----------+         or gave-up (max_restarts)
+    starting, ready, unhealthy --exited: died-----------+         or gave-up (max_restarts;
+                                                                  at once, exit 2, where a start
+                                                                  died of a missing module)
     backoff --tick, when the delay is over--> (spawn) --started--> starting
     starting, ready, unhealthy --signalled--> stopping --stopped--> stopped
     launching, backoff --signalled--> stopped
@@ -426,6 +428,8 @@ class Machine:
                 Say("no known SM120 failure signature in the log; its last lines:\n    " + "\n    ".join(last[-8:]))
             )
         self.deaths.append(f"attempt {run.number}: {what}" + (f" [{', '.join(d.id for d in found)}]" if found else ""))
+        if run.ready_at is None and found and not any(d.restart for d in found):
+            return actions + self._incomplete(found)
         return actions + self._restart_or_give_up(run)
 
     def _restart_or_give_up(self, run: Attempt) -> list[Action]:
@@ -518,6 +522,24 @@ class Machine:
         if kind is EventKind.DIED:
             return [Kill(DEAD_STOP_TIMEOUT_S)]
         return [Say(f"killing the server: {detail}"), Kill(self.policy.stop_timeout_s)]
+
+    def _incomplete(self, found) -> list[Action]:
+        """A start that failed for what no restart mends (a module the environment lacks):
+        stop, exit ERROR, as a refused preflight does (a unit's RestartPreventExitStatus=2
+        does not start it again)."""
+        self.attempt = None
+        self.status = RunStatus.GAVE_UP
+        why = "; ".join(d.title for d in found)
+        return [
+            event(EventKind.GAVE_UP, failures=self.failures + 1, deaths=list(self.deaths), restart=False, reason=why),
+            update(status=RunStatus.GAVE_UP, since=self.clock.time(), server_pid=None),
+            Say(
+                f"not restarting {self.spec.name}: {why}; no restart mends that. Complete the environment, then "
+                f"`sm120kit serve {self.spec.name} --check` (its imports check finds this before a start)"
+                f"\n    log: {self.log}; events: {self.events}"
+            ),
+            Exit(ExitCode.ERROR),
+        ]
 
     def _give_up(self) -> list[Action]:
         self.status = RunStatus.GAVE_UP

@@ -57,7 +57,6 @@ the scrape.
 from __future__ import annotations
 
 import errno
-import json
 import socket
 import threading
 import time
@@ -69,6 +68,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import psutil
 
+from sm120kit import shallow_json
 from sm120kit.errors import UserError
 from sm120kit.serve import procs
 from sm120kit.serve.rundir import _supervisor_alive, _validated
@@ -102,7 +102,7 @@ class _Seen:
 def _read(member: Member) -> _Seen:
     path = member.run_dir / "state.json"
     try:
-        state = _validated(json.loads(path.read_text()))
+        state = _validated(shallow_json.loads(path.read_text()))
     except FileNotFoundError:
         return _Seen(member, None, ABSENT, False, False)
     except (OSError, ValueError):  # pydantic's ValidationError is a ValueError

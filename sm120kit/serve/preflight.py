@@ -1,8 +1,8 @@
 """Before a start: is this node ready for the profile? The profile's own line (it renders
 for the installed sglang), then the node's preflight checks (sm120kit.node.registry:
-API key, patches, stale processes, GPUs, ports). The caller refuses to start while any
-check failed. Nothing here changes the node, except --kill-stale, which stops the stale
-sglang processes it found (and says which)."""
+API key, the server's imports, patches, stale processes, GPUs, ports). The caller refuses
+to start while any check failed. Nothing here changes the node, except --kill-stale, which
+stops the stale sglang processes it found (and says which)."""
 
 from __future__ import annotations
 
@@ -48,8 +48,11 @@ class Preflight:
         }
 
 
-def check_inputs(node, profile, options: ServeOptions, kill_stale: bool = False) -> registry.CheckInputs:
-    """What serve's checks look at, for one server's profile (a fleet: each replica's)."""
+def check_inputs(
+    node, profile, options: ServeOptions, kill_stale: bool = False, entry_points: tuple[tuple[str, str], ...] = ()
+) -> registry.CheckInputs:
+    """What serve's checks look at, for one server's profile (a fleet: each replica's);
+    entry_points: the (python, module) of what it starts (imports.entry_points)."""
     return registry.CheckInputs(
         node,
         profile,
@@ -60,6 +63,7 @@ def check_inputs(node, profile, options: ServeOptions, kill_stale: bool = False)
         processes=procs,
         runs=rundir.runs,
         debug=options.debug,
+        entry_points=entry_points,
     )
 
 
@@ -70,7 +74,10 @@ def skipped(options: ServeOptions) -> dict[str, str]:
 
 
 def run(profile, launch: Launch, target, options: ServeOptions) -> Preflight:
-    inputs = check_inputs(snapshot.live(target, pairs=False), profile, options, options.kill_stale)
+    from sm120kit.node.checks.imports import entry_points
+
+    node = snapshot.live(target, pairs=False)
+    inputs = check_inputs(node, profile, options, options.kill_stale, entry_points(launch))
     warned = f" ({len(launch.warnings)} warning(s) above)" if launch.warnings else ""
     rendered = Check("profile", Status.OK, f"renders for sglang {launch.sglang}{warned}")
     checks = [rendered, *registry.run(registry.PREFLIGHT, inputs, skipped(options))]
@@ -80,6 +87,21 @@ def run(profile, launch: Launch, target, options: ServeOptions) -> Preflight:
         taken = {port: what for what, _, port in port_plan(profile)}
         checks.append(metrics_port(options.metrics_port, profile.server.host, taken))
     return Preflight(profile.name, launch.sglang, checks, list(launch.warnings), inputs.server_env)
+
+
+def require_imports(launch, env: dict[str, str], target, wide: bool = False) -> None:
+    """The imports check outside a start (`serve --dry-run`, `render systemd`): a UserError
+    (exit 2) naming what the server imports and its interpreter lacks; a warning where it
+    could not tell."""
+    from sm120kit.errors import UserError
+    from sm120kit.node.checks.imports import entry_points, judge
+
+    found = entry_points(launch)
+    checked = judge(found, env, target) if found else None
+    if checked is not None and checked.status is Status.FAIL:
+        raise UserError(checked.detail, checked.fix)
+    if checked is not None and checked.status is Status.WARN:
+        report.print_warnings([f"{checked.detail} (next: {checked.fix})"], wide)
 
 
 def metrics_port(port: int, host: str, taken: dict[int, str]) -> Check:

@@ -113,6 +113,7 @@ class Proc:
     user: str
     marker: str | None = None  # the run it belongs to (SM120KIT_SERVE_ID), if readable
     orphan: bool = False  # an sglang child whose launcher is gone
+    supervisor: int | None = None  # the pid of the live sm120kit it runs under (a supervisor): not stale
 
     def as_json(self) -> dict:
         return {
@@ -123,12 +124,14 @@ class Proc:
             "user": self.user,
             "run": self.marker,
             "orphan": self.orphan,
+            "supervisor": self.supervisor,
         }
 
     def line(self) -> str:
         age = clock.age(time.time() - self.started)
         orphan = ", orphaned: its launcher is gone" if self.orphan else ""
-        return f"pid {self.pid} {self.title!r} (user {self.user}, up {age}{orphan})"
+        supervised = f", supervised by sm120kit pid {self.supervisor}" if self.supervisor else ""
+        return f"pid {self.pid} {self.title!r} (user {self.user}, up {age}{orphan}{supervised})"
 
 
 SECRET_FLAGS = ("--api-key", "--admin-api-key")
@@ -155,6 +158,29 @@ def _is_sglang(cmdline: list[str], name: str) -> bool:
     joined = " ".join(cmdline[:4])
     console_script = [os.path.basename(w) for w in cmdline[1:3]] == ["sglang", "serve"]  # python .../bin/sglang serve
     return any(word in joined for word in SGLANG_CMDLINE) or console_script
+
+
+def _is_sm120kit(cmdline: list[str]) -> bool:
+    """An sm120kit process: `sm120kit ...` (its console script, run or through its python),
+    `python -m sm120kit ...`, a fleet member's `python -m sm120kit.fleet.member DIR`. Only
+    serve's supervisors (a fleet member's, bench's) start sglang processes."""
+    for i, word in enumerate(cmdline[:3]):
+        if i < 2 and os.path.basename(word) == "sm120kit":
+            return True
+        if i and cmdline[i - 1] == "-m" and (word == "sm120kit" or word.startswith("sm120kit.")):
+            return True
+    return False
+
+
+def _sm120kit_above(info: dict, by_pid: dict[int, dict]) -> int | None:
+    """The pid of the nearest live sm120kit process among a process's ancestors."""
+    pid, seen = info["ppid"], set()
+    while pid and pid in by_pid and pid not in seen:
+        seen.add(pid)
+        if _is_sm120kit(by_pid[pid]["cmdline"] or []):
+            return pid
+        pid = by_pid[pid]["ppid"]
+    return None
 
 
 def _mine_to_skip() -> set[int]:
@@ -197,7 +223,10 @@ def scan(marker: str | None = None, sglang: bool = False) -> list[Proc]:
         named = sglang and _is_sglang(cmdline, name)
         value = _marker_of(proc) if named or marker is not None else None
         if named or (value is not None and marker is not None and marker in ("", value)):
-            orphan = named and _orphaned(info, by_pid.get(info["ppid"]))
+            # under a live sm120kit (a fleet member's supervisor over its router, a serve over its
+            # launcher and schedulers, the subreaper that adopted what a launcher left): supervised
+            supervisor = _sm120kit_above(info, by_pid)
+            orphan = named and supervisor is None and _orphaned(info, by_pid.get(info["ppid"]))
             found.append(
                 Proc(
                     info["pid"],
@@ -207,6 +236,7 @@ def scan(marker: str | None = None, sglang: bool = False) -> list[Proc]:
                     info["username"] or "?",
                     value,
                     orphan,
+                    supervisor,
                 )
             )
     return found

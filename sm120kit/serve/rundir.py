@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 
+from sm120kit import shallow_json
 from sm120kit.errors import problems
 from sm120kit.serve.status import TERMINAL, EventKind, RunStatus
 
@@ -146,7 +147,7 @@ def read_state(directory: Path) -> dict | None:
     """A run directory's state.json as last written; None while there is none (or it is
     being replaced: os.replace makes that a moment, not a torn file)."""
     try:
-        state = json.loads((directory / "state.json").read_text())
+        state = shallow_json.loads((directory / "state.json").read_text())
     except (OSError, ValueError):
         return None
     return state if isinstance(state, dict) else None
@@ -155,31 +156,51 @@ def read_state(directory: Path) -> dict | None:
 def _supervisor_alive(state: dict) -> bool:
     try:
         proc = psutil.Process(state["supervisor_pid"])
-        return abs(proc.create_time() - state.get("supervisor_started", 0)) < 1.0
-    except (KeyError, TypeError, psutil.Error):
+        return abs(proc.create_time() - (state.get("supervisor_started") or 0)) < 1.0
+    except (KeyError, TypeError, ValueError, OverflowError, psutil.Error):  # a pid psutil refuses: not ours
         return False
+
+
+# A pid as Linux gives them (pid_max is at most 2**22), and a time as the supervisor writes
+# one (time.time(): seconds since 1970, before the year 5000): a record with anything else is
+# damaged, not a run that `ps` would show with a made-up age or ask psutil about.
+MAX_PID = 2**22
+MAX_TIME = 95_000_000_000.0
 
 
 @functools.cache
 def _run_state():
-    """The fields of state.json that `ps` and the preflight read, with their types
-    (pydantic is imported only when there is a state to read)."""
-    from pydantic import BaseModel, ConfigDict
+    """The fields of state.json that `ps` and the preflight read, with their types and
+    ranges (pydantic is imported only when there is a state to read)."""
+    from typing import Annotated
+
+    from pydantic import BaseModel, ConfigDict, Field
+
+    pid = Annotated[int, Field(ge=1, le=MAX_PID)]
+    moment = Annotated[float, Field(ge=0, le=MAX_TIME, allow_inf_nan=False)]
+
+    class Health(BaseModel):  # what Machine._health writes
+        model_config = ConfigDict(strict=True, extra="allow")
+
+        at: moment | None = None
+        ok: bool | None = None
+        detail: str = ""
+        seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
 
     class RunState(BaseModel):
         model_config = ConfigDict(strict=True, extra="allow")
 
         profile: str
         status: str
-        supervisor_pid: int
-        supervisor_started: float | None = None
-        since: float | None = None
-        server_pid: int | None = None
-        restarts: int = 0
+        supervisor_pid: pid
+        supervisor_started: moment | None = None
+        since: moment | None = None
+        server_pid: pid | None = None
+        restarts: Annotated[int, Field(ge=0)] = 0
         host: str = "?"
-        port: int | None = None
+        port: Annotated[int, Field(ge=1, le=65535)] | None = None
         marker: str | None = None
-        last_health: dict | None = None
+        last_health: Health | None = None
 
     return RunState
 
@@ -200,7 +221,7 @@ def runs() -> list[dict]:
     paths = [*root.glob("*/state.json"), *root.glob("*/*/state.json")] if root.is_dir() else []  # fleets' members
     for path in sorted(paths):
         try:
-            state = _validated(json.loads(path.read_text()))
+            state = _validated(shallow_json.loads(path.read_text()))
         except (OSError, ValueError) as exc:  # reported, never skipped: `ps` must not say "nothing served"
             found.append(
                 {

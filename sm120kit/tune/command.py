@@ -76,7 +76,7 @@ class TuneReport:
     shape: MoeShape
     sglang: str
     triton: str | None  # the target's Triton (its version names sglang's config directory)
-    compiler: str  # the Triton that compiled the kernels for sm_120 here
+    compiler: str  # the Triton that compiled the kernels for sm_120
     kernel: str  # the installed file whose fused_moe_kernel was compiled
     space: int  # configs in the tuner's space for this shape
     fitting: list[dict]  # those that fit sm_120
@@ -91,6 +91,7 @@ class TuneReport:
     installed: bool = False
     interrupted: bool = False
     notes: list[str] = field(default_factory=list)
+    compiler_python: str | None = None  # the interpreter whose Triton compiled them (None: sm120kit's own)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -107,6 +108,7 @@ class TuneReport:
             "sglang": self.sglang,
             "triton": self.triton,
             "compiler": self.compiler,
+            "compiler_python": self.compiler_python,
             "kernel": self.kernel,
             "space": self.space,
             "fit": len(self.fitting),
@@ -137,12 +139,13 @@ def tune_moe(options: TuneOptions, profile, target) -> TuneReport:
             "pip install sglang, or point --python at the environment that serves it",
         )
     try:
-        shape = moe_shape(profile, options.model_config, sglang_version=sglang.version)
+        shape = moe_shape(profile, _model_config(profile, options.model_config), sglang_version=sglang.version)
     except NotTritonMoe as exc:
         raise _with_triton_profile(exc, profile) from None
     triton_version = lookup.installed_triton_version(target)
     kernel = kernels.find_kernel_file(sglang.site)
     source = kernel.read_bytes()
+    compiler = find_compiler(target, options.python)
     candidates = space.search_space(shape)
     results = fit.fit_configs(
         source,
@@ -150,6 +153,7 @@ def tune_moe(options: TuneOptions, profile, target) -> TuneReport:
         candidates,
         jobs=options.jobs,
         progress=_progress_printer("compiling for sm_120", options.show_progress),
+        python=compiler.python,
     )
     fitting = [r.config for r in results if r.fits]
     over = sorted((r for r in results if not r.fits), key=lambda r: -(r.shared or r.at_least or 0))
@@ -161,7 +165,8 @@ def tune_moe(options: TuneOptions, profile, target) -> TuneReport:
         shape=shape,
         sglang=sglang.version,
         triton=triton_version,
-        compiler=_compiler_version(),
+        compiler=compiler.version,
+        compiler_python=str(compiler.python) if compiler.python else None,
         kernel=str(kernel),
         space=len(candidates),
         fitting=fitting,
@@ -177,7 +182,7 @@ def tune_moe(options: TuneOptions, profile, target) -> TuneReport:
             f"note: the kernels were compiled with Triton {result.compiler}; sglang runs with {triton_version}"
         )
     if result.device_name and triton_version:
-        _where(result, sglang, triton_version, config_dir, profile.env, source, options)
+        _where(result, sglang, triton_version, config_dir, profile.env, source, options, compiler)
     elif not result.device_name:
         result.notes.append("no GPU here: pass --device-name to see where the table goes and what sglang loads now")
     else:
@@ -227,10 +232,95 @@ def _env_hint(profile, config_dir: Path | None) -> str:
     return f'add {_install.CONFIG_DIR_ENV} = "{config_dir}" to [env] of {profile.source or profile.name}'
 
 
-def _compiler_version() -> str:
-    import triton
+@dataclass(frozen=True)
+class Compiler:
+    """The Triton that compiles sglang's kernel for sm_120: this interpreter's, or else the
+    one of the target's interpreter (--python)."""
 
-    return triton.__version__
+    version: str
+    python: Path | None = None  # None: this interpreter
+
+
+TUNE_EXTRA = "pip install 'sm120kit[tune]'"
+
+
+def find_compiler(target, python: str | None) -> Compiler:
+    """This environment's Triton; without one, the target's (when --python names an
+    interpreter that has it); else a UserError naming the extra that installs it."""
+    from sm120kit.tune import lookup
+
+    try:
+        import triton
+    except ImportError:
+        why = "no Triton"
+    except Exception as exc:  # an installed Triton that fails to import (a broken install)
+        why = f"a Triton that does not import ({type(exc).__name__}: {exc})"
+    else:
+        return Compiler(triton.__version__)
+    there = lookup.installed_triton_version(target) if python else None
+    if there:
+        return Compiler(there, Path(python))
+    here = f"sm120kit's environment ({sys.executable}) has {why}"
+    if python:
+        raise UserError(
+            f"{here}, and neither has {target.description}: tune-moe compiles sglang's fused-MoE kernel "
+            "for sm_120 with Triton",
+            f"{TUNE_EXTRA} (Triton for sm120kit's environment), or install triton in {python}'s environment",
+        )
+    raise UserError(
+        f"{here}: tune-moe compiles sglang's fused-MoE kernel for sm_120 with Triton",
+        f"{TUNE_EXTRA}, or pass --python with the environment that serves sglang (its Triton compiles then)",
+    )
+
+
+def _model_config(profile, given: Path | None) -> Path | None:
+    """--model-config, else the profile's config.json (None: no [model] path, which
+    moe_shape refuses). Where there is none: a profile known not to run its MoE on Triton
+    says so first; otherwise the error names --model-config."""
+    from sm120kit.tune.model_config import find_model_config
+
+    try:
+        if given is not None:
+            if not given.is_file():
+                what = "not a file" if given.exists() else "no such file"
+                raise UserError(f"--model-config {given}: {what}", "pass the path of the model's config.json")
+            return given
+        return find_model_config(profile.model.path) if profile.model.path else None
+    except UserError as exc:
+        if known := _not_triton_without_config(profile):
+            raise known from None
+        if given is not None:
+            raise
+        raise UserError(exc.message, f"pass the model's config.json with --model-config FILE, or {exc.hint}") from None
+
+
+def _not_triton_without_config(profile) -> UserError | None:
+    """What the profile alone says about its MoE runner: an engine.moe_runner_backend other
+    than triton, or (left to sglang) a `<name>-triton` profile of the same model that puts it
+    on Triton, which exists because sglang's own choice is another kernel (Marlin, for
+    kimi-k2-int4)."""
+    from sm120kit.profiles.loader import list_profiles, load_profile
+    from sm120kit.tune.model_config import NotTritonMoe
+
+    backend = profile.engine.moe_runner_backend or "auto"
+    if backend not in ("auto", "triton"):
+        exc = NotTritonMoe(profile.name, backend, f"engine.moe_runner_backend = {backend!r} in the profile", None)
+        return _with_triton_profile(exc, profile)
+    twin = f"{profile.name}-triton"
+    if backend != "auto" or twin not in {name for name, _, _ in list_profiles()}:
+        return None
+    try:
+        other = load_profile(twin, None, [])
+    except UserError:
+        return None
+    if other.engine.moe_runner_backend != "triton" or other.model.path != profile.model.path:
+        return None
+    said = f" (the profile says: {profile.description})" if profile.description else ""
+    return UserError(
+        f"profile {profile.name} leaves its MoE runner to sglang, which does not run this model's experts on "
+        f"the Triton fused-MoE kernel{said}; sglang would not load Triton fused-MoE configs for it",
+        f"sm120kit tune-moe {twin} (the same model on the Triton runner)",
+    )
 
 
 def _local_gpu_name() -> str | None:
@@ -243,7 +333,9 @@ def _local_gpu_name() -> str | None:
     return gpus[0].name if gpus else None
 
 
-def _where(result: TuneReport, sglang, triton_version: str, config_dir, env, source: bytes, options) -> None:
+def _where(
+    result: TuneReport, sglang, triton_version: str, config_dir, env, source: bytes, options, compiler: Compiler
+) -> None:
     """Where the tuned table goes, what sglang loads today for this shape on this GPU, and
     which of that table's configs do not fit sm_120 (a file copied from another card)."""
     from sm120kit.tune import fit, lookup
@@ -255,7 +347,7 @@ def _where(result: TuneReport, sglang, triton_version: str, config_dir, env, sou
         return
     result.loads_now = loaded.path
     configs = list(loaded.table.values())
-    checked = fit.fit_configs(source, result.shape, configs, jobs=options.jobs)
+    checked = fit.fit_configs(source, result.shape, configs, jobs=options.jobs, python=compiler.python)
     result.loads_now_over = [
         {"batch_size": m, "config": r.config, "shared": r.shared or r.at_least, "error": r.error}
         for m, r in zip(loaded.table, checked)

@@ -15,11 +15,13 @@ in 0.5.23, bf16, block fp8 and int4 GPTQ):
   LLVM runs, and O3 on a large tile is most of its compile time.
 Compiles run in worker processes (this module, run with -m); results are kept in a small
 JSON cache keyed by the kernel file's bytes, the Triton version and each launch's compile
-key, so a second plan is instant.
+key, so a second plan is instant. Where sm120kit's own environment has no Triton, the whole
+fit runs in the target's interpreter, with its Triton (`fit_configs(python=...)`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -32,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sm120kit.errors import UserError
 from sm120kit.tune import aot, kernels
 from sm120kit.tune.shape import MoeShape
 
@@ -99,12 +102,18 @@ def fit_configs(
     jobs: int | None = None,
     cache_dir: Path | None = None,
     progress: Callable[[int, int], None] | None = None,
+    python: Path | None = None,
 ) -> list[FitResult]:
     """One FitResult per config, in order: the shared memory its launches need on `arch`
     (compiled from `kernel_source`, the release's fused_moe_triton_kernels.py) and whether
     that fits `limit`. `gemms`: the launches a config drives (("w2",) for a `_down.json`
     table). progress(done, total) counts distinct compiles, those cached or ruled out
-    included. Ctrl-C keeps what finished in the cache."""
+    included. Ctrl-C keeps what finished in the cache. `python`: compile with that
+    interpreter's Triton (the target's) instead of this one's."""
+    if python is not None:
+        request = {"limit": limit, "arch": arch, "tokens": tokens, "gemms": list(gemms), "prune": prune, "jobs": jobs}
+        request["cache_dir"] = str(cache_dir or default_cache_dir())
+        return _fit_elsewhere(python, kernel_source, shape, configs, request, progress)
     cache = _Cache(cache_dir or default_cache_dir(), kernel_source)
     with tempfile.TemporaryDirectory(prefix="sm120kit-fit-") as scratch:
         module = kernels.load(kernel_source, Path(scratch), (arch // 10, arch % 10))
@@ -355,8 +364,7 @@ def _serve(scratch: Path) -> None:
     # of a large tile's compile time, only shapes the code we never run. ptxas still runs.
     os.environ["DISABLE_LLVM_OPT"] = "1"
     init = json.loads(sys.stdin.readline())
-    fields = init["shape"]
-    shape = MoeShape(**{**fields, "block_shape": tuple(fields["block_shape"]) if fields["block_shape"] else None})
+    shape = _shape(init["shape"])
     arch, tokens, gemms = init["arch"], init["tokens"], tuple(init["gemms"])
     module = kernels.load(Path(init["source"]).read_bytes(), own, (arch // 10, arch % 10))
     for line in sys.stdin:
@@ -369,6 +377,112 @@ def _serve(scratch: Path) -> None:
         shutil.rmtree(own / "triton", ignore_errors=True)
         answers.write(json.dumps(answer) + "\n")
         answers.flush()
+
+
+def _shape(fields: dict) -> MoeShape:
+    return MoeShape(**{**fields, "block_shape": tuple(fields["block_shape"]) if fields["block_shape"] else None})
+
+
+def _fit_elsewhere(
+    python: Path, source: bytes, shape: MoeShape, configs: Sequence[dict], request: dict, progress
+) -> list[FitResult]:
+    """fit_configs run by another interpreter, with its Triton (`python -m sm120kit.tune.fit
+    --fit`, the request on stdin, progress and the results as JSON lines). That interpreter
+    needs no sm120kit: this package alone is put on its path (not this environment's
+    site-packages, whose Triton it would find first), and the compile modules import nothing
+    outside the standard library and Triton."""
+    with tempfile.TemporaryDirectory(prefix="sm120kit-fit-") as scratch:
+        scratch = Path(scratch)
+        path = scratch / "path"
+        path.mkdir()
+        (path / "sm120kit").symlink_to(Path(__file__).resolve().parent.parent, target_is_directory=True)
+        (scratch / "kernel.py").write_bytes(source)
+        request = {**request, "source": str(scratch / "kernel.py"), "shape": shape.to_json(), "configs": list(configs)}
+        request["progress"] = progress is not None
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(path), os.environ.get("PYTHONPATH")]))}
+        log = scratch / "fit.log"
+        try:
+            with log.open("w") as stderr:
+                proc = subprocess.Popen(
+                    [str(python), "-m", "sm120kit.tune.fit", "--fit"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=stderr,
+                    text=True,
+                    env=env,
+                    cwd=scratch,  # -m puts the working directory first on the path
+                )
+        except OSError as exc:
+            raise UserError(f"{python}: cannot run it to compile with its Triton: {exc}", _ELSEWHERE_HINT) from None
+        answer: dict = {}
+        try:
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.write(json.dumps(request))
+                proc.stdin.close()
+            for line in proc.stdout:
+                with contextlib.suppress(ValueError):
+                    event = json.loads(line)
+                    if isinstance(event, dict) and "progress" in event and progress:
+                        progress(*event["progress"])
+                    elif isinstance(event, dict):
+                        answer = event
+            proc.wait()
+        finally:
+            if proc.poll() is None:  # Ctrl-C: it got the signal too, and keeps what it compiled
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        if "results" in answer:
+            return [FitResult(**{**r, "launches": tuple(r["launches"])}) for r in answer["results"]]
+        if "error" in answer:
+            raise UserError(answer["error"], answer.get("hint"))
+        raise UserError(
+            f"{python} could not compile sglang's kernel with its Triton (exit {proc.returncode}): "
+            + " | ".join(_tail(log, 3).splitlines()),
+            _ELSEWHERE_HINT,
+        )
+
+
+_ELSEWHERE_HINT = "pip install 'sm120kit[tune]' to compile with a Triton of sm120kit's own environment"
+
+
+def _fit_here() -> None:
+    """`--fit`: fit_configs for the parent in `_fit_elsewhere`. Answers on the original
+    stdout; fd 1 goes to stderr, so what Triton prints cannot corrupt them."""
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    request = json.loads(sys.stdin.read())
+
+    def progress(done: int, total: int) -> None:
+        answers.write(json.dumps({"progress": [done, total]}) + "\n")
+        answers.flush()
+
+    try:
+        results = fit_configs(
+            Path(request["source"]).read_bytes(),
+            _shape(request["shape"]),
+            request["configs"],
+            limit=request["limit"],
+            arch=request["arch"],
+            tokens=request["tokens"],
+            gemms=tuple(request["gemms"]),
+            prune=request["prune"],
+            jobs=request["jobs"],
+            cache_dir=Path(request["cache_dir"]),
+            progress=progress if request["progress"] else None,
+        )
+    except UserError as exc:
+        answers.write(json.dumps({"error": exc.message, "hint": exc.hint}) + "\n")
+        sys.exit(2)
+    except (ImportError, RuntimeError) as exc:  # its Triton does not import, or its workers keep dying
+        answers.write(
+            json.dumps({"error": f"{sys.executable}: {type(exc).__name__}: {exc}", "hint": _ELSEWHERE_HINT}) + "\n"
+        )
+        sys.exit(1)
+    answers.write(json.dumps({"results": [r.to_json() for r in results]}) + "\n")
+    answers.flush()
 
 
 def _why(exc: Exception) -> str:
@@ -421,4 +535,7 @@ class _Cache:
 
 
 if __name__ == "__main__":
-    _serve(Path(sys.argv[1]))
+    if sys.argv[1:] == ["--fit"]:
+        _fit_here()
+    else:
+        _serve(Path(sys.argv[1]))

@@ -33,6 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from sm120kit import shallow_json
 from sm120kit.errors import UserError
 from sm120kit.patching import transaction, writing
 from sm120kit.patching.ledger import Ledger, ReadOnly, TunedEntry, is_table_path, sha256
@@ -307,7 +308,7 @@ def _locked(target: Target, sites: set[Path], config_dir: Path | None) -> Iterat
 def _only_tables(journal: Path) -> bool:
     """No journal, or one whose files are all config tables."""
     try:
-        files = json.loads(journal.read_text())["files"]
+        files = shallow_json.loads(journal.read_text())["files"]
         return all(is_table_path(str(f["path"]), "package") for f in files)
     except FileNotFoundError:
         return True

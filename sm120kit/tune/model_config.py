@@ -11,7 +11,6 @@ tests/test_tune_shapes.py holds them against the releases' own code and shipped 
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from sm120kit import shallow_json
 from sm120kit.errors import UserError
 from sm120kit.profiles.model import Profile
 from sm120kit.tune.shape import MoeShape
@@ -160,7 +160,7 @@ def find_model_config(model_path: str, *, env: Mapping[str, str] = os.environ) -
 
 def read_model_config(path: Path) -> dict:
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = shallow_json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(f"{path} does not exist", "download the model's config.json, or pass its path") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:

@@ -36,7 +36,7 @@ def text(r: TuneReport, width: int | None) -> str:
         report.wrap(f"sglang {r.sglang}, Triton {r.triton or 'not installed'}; kernel: {r.kernel}", width),
         report.wrap(
             f"candidates: {r.space} in sglang's tuning space; {fit} fit sm_120's 101376 B of shared memory "
-            f"(largest {r.largest_fit} B), {r.space - fit} do not (compiled here with Triton {r.compiler})",
+            f"(largest {r.largest_fit} B), {r.space - fit} do not (compiled {compiled_by(r)})",
             width,
         ),
     ]
@@ -58,6 +58,12 @@ def text(r: TuneReport, width: int | None) -> str:
         lines += ["", timing_table(r, width)]
     lines += [report.wrap(note, width) for note in r.notes]
     return "\n".join(lines)
+
+
+def compiled_by(r: TuneReport) -> str:
+    if r.compiler_python:
+        return f"with Triton {r.compiler} of the target's {r.compiler_python}: sm120kit's environment has none"
+    return f"here with Triton {r.compiler}"
 
 
 def timing_table(r: TuneReport, width: int | None) -> str:

@@ -73,7 +73,9 @@ def ports(inputs) -> Check:
 def stale_processes(inputs) -> Check:
     """sglang processes left from an earlier run: ours (the marker) whose supervisor is
     gone, and orphans (a scheduler whose launcher died: re-parented to PID 1 or to some
-    subreaper). A healthy server someone else started is named and left alone."""
+    subreaper). A healthy server someone else started is named and left alone; so is one
+    whose supervisor lives: a run recorded here, or a live sm120kit as its parent (a fleet's
+    router under its member supervisor, served from another state directory)."""
     procs = inputs.processes
     records = inputs.runs()
     serving = [r for r in records if r["running"]]  # profiles sm120kit serves right now
@@ -82,17 +84,21 @@ def stale_processes(inputs) -> Check:
     # directory does not know (another user's, another SM120KIT_STATE_DIR) proves nothing:
     # such a process is judged like any other, by the orphan rule.
     ended = {r["marker"] for r in records if not r["running"] and r.get("marker")}
-    found = [
+    unrecorded = [
         p
         for p in procs.scan(marker="", sglang=True)
         if (p.marker is None or p.marker not in live) and not procs.ancestors(p.pid) & supervisors
     ]
+    supervised = [p for p in unrecorded if getattr(p, "supervisor", None)]
+    found = [p for p in unrecorded if p not in supervised]
     stale = [p for p in found if p.marker in ended or p.orphan]
     others = [p for p in found if p not in stale]
     note = f"; another sglang server, not started by sm120kit, left alone: {'; '.join(p.line() for p in others)}"
     note = note if others else ""
+    if supervised:  # another state directory's (another user's) serve or fleet
+        note += f"; served by a live sm120kit, left alone: {'; '.join(p.line() for p in supervised)}"
     if not stale:
-        return Check("stale processes", Status.INFO if others else Status.OK, "none" + note)
+        return Check("stale processes", Status.INFO if others or supervised else Status.OK, "none" + note)
     listing = "; ".join(p.line() for p in stale)
     if not inputs.kill_stale:
         return Check(

@@ -1,0 +1,75 @@
+"""`render systemd`: the checks `serve --dry-run` runs, against the interpreter the unit's
+`sm120kit serve` will run (--python; else the python of the sm120kit the unit runs), so
+that a unit whose serve would refuse at its start (exit 2, which the unit never retries)
+is refused here. Where that interpreter is not on this machine, or is not the serving
+environment (no sglang, and --python not given), the checks are not run and a warning says
+so plainly."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+
+from sm120kit import report
+
+
+def check_unit_environment(args, d, python: str | None, exe: tuple[str, ...]) -> None:
+    """A UserError (exit 2, nothing printed) where `serve` of the unit would refuse: no
+    sglang (or sglang-router, for a fleet) in the environment --python names, a profile
+    that does not render for its release, a known failure, a package the server imports
+    missing there. Warnings on stderr: the renderer's, and what could not be checked."""
+    from sm120kit.cli.profiles import render_for
+    from sm120kit.serve.preflight import require_imports
+    from sm120kit.target import resolve_target
+
+    python, not_here = unit_python(python, exe, given_exe=args.sm120kit is not None)
+    if python is None:
+        report.print_warnings([f"the serving environment was not checked: {not_here}"])
+        return
+    target = resolve_target(python)
+    if args.python is None and target.find("sglang") is None:
+        report.print_warnings(
+            [
+                f"the serving environment was not checked: {python}, the python of the sm120kit the unit runs, "
+                f"has no sglang, and `sm120kit serve` there would refuse to start (next: name the serving "
+                f"environment: --python ENV/bin/python)"
+            ]
+        )
+        return
+    as_serve = argparse.Namespace(**{**vars(args), "python": python, "site": None})
+    launch = render_for(as_serve, d.profile, target)  # no sglang (sglang-router), flags, known failures
+    report.print_warnings(launch.warnings)
+    require_imports(launch, {**os.environ, **d.profile.env}, target)
+
+
+def unit_python(python: str | None, exe: tuple[str, ...], given_exe: bool) -> tuple[str | None, str]:
+    """(the interpreter the unit's serve runs, or None and why it is not known here)."""
+    if python is not None:
+        if not _here(python):
+            return None, f"--python {python} is not on this machine"
+        return python, ""
+    if not given_exe:
+        return sys.executable, ""  # the unit runs this sm120kit: this interpreter's
+    if exe[1:2] == ("-m",):
+        return (exe[0], "") if _here(exe[0]) else (None, f"{exe[0]} is not on this machine")
+    if not os.path.isfile(exe[0]):
+        return None, f"--sm120kit {exe[0]} is not on this machine"
+    try:
+        with open(exe[0], "rb") as fh:
+            first = fh.readline(512).decode("utf-8", "replace")
+    except OSError as exc:
+        return None, f"--sm120kit {exe[0]}: cannot read it ({exc.strerror or exc})"
+    words = first[2:].split() if first.startswith("#!") else []
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-")]
+    if not words or not _here(words[0]):
+        return None, f"--sm120kit {exe[0]} names no python of this machine (give --python)"
+    return words[0], ""
+
+
+def _here(python: str) -> bool:
+    if os.sep in python or python.startswith("~"):
+        return os.path.exists(os.path.expanduser(python))
+    return shutil.which(python) is not None
