@@ -5,14 +5,16 @@ no "internal error", the API key never printed) with the exit code it documents.
 
     python scripts/bad_inputs.py          # one line per input, then the tally
 
-Prints `tried / clear / internal error / wrong exit code`; exit 1 when any is not clear.
-Needs the wheel cache the tests use (it installs real releases into scratch sites).
+Prints `tried / clear / traceback / internal error / signal / wrong exit code`; exit 1 when
+any is not clear. Needs the wheel cache the tests use (it installs real releases into
+scratch sites), and strace for the I/O errors it injects (left out, and said so, without).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,9 +31,9 @@ SECRET = "sk-live-0123456789abcdef"
 DSA_FILE = "sglang/srt/models/deepseek_common/attention_forward_methods/forward_mha.py"
 
 
-def sm120kit(argv, env=None, cwd=None) -> subprocess.CompletedProcess:
+def sm120kit(argv, env=None, cwd=None, prefix=()) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "sm120kit", *map(str, argv)],
+        [*map(str, prefix), sys.executable, "-m", "sm120kit", *map(str, argv)],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
@@ -384,21 +386,189 @@ def first_day_cases(tmp: Path) -> list[tuple[str, list, dict, int]]:
     return cases
 
 
+# -- issue 25, items 24-30: I/O errors at every step of a transaction, a failure after the --
+# -- commit, patch modules that exit at import, paths too long, deep JSON and source files,  --
+# -- binary and non-UTF-8 target files                                                        --
+
+# What strace makes each kind of step fail with: a disk that errs, a full one (blocks or
+# inodes), a read-only one.
+FAULTS = {
+    "write": ("EIO", "ENOSPC"),
+    "fsync": ("EIO", "ENOSPC"),
+    "rename": ("EIO", "EROFS"),
+    "unlink": ("EIO", "EROFS"),
+    "openat": ("ENOSPC", "EROFS"),  # a file created: out of inodes, read-only
+}
+TMP_SUFFIX = ".sm120kit-tmp"
+STEP = re.compile(r"^\d+\s+(write|fsync|rename|unlink|openat)\((.*)\)\s+=\s+(-?\d+)")
+
+
+def traced_steps(command: str, site: Path, env: dict, cwd: Path) -> list[tuple[str, int, str, int]]:
+    """(syscall, its number among the run's calls of it, path, the exit code it must give
+    when it fails) of every step of `sm120kit COMMAND --site SITE` that writes under the
+    site, and its first write to stdout. Failing before the ledger's rename (the commit) is
+    exit 2, nothing changed; after it, exit 4, the change made. Not counted: the fsync of a
+    directory and the removal of an emptied state directory, which are best effort. The
+    numbers hold for a run with the same environment and working directory (the imports
+    that open files depend on them)."""
+    trace = site.parent / "strace.out"
+    argv = ["strace", "-f", "-y", "-o", trace, "-e", f"trace={','.join(FAULTS)}"]
+    assert sm120kit([command, "--site", site], env, cwd=cwd, prefix=argv).returncode == 0
+    seen: dict[str, int] = {}
+    steps, commit, stdout = [], None, False
+    for line in trace.read_text().splitlines():
+        match = STEP.match(line)
+        if not match:
+            continue
+        call, args, _ = match.groups()
+        seen[call] = n = seen.get(call, 0) + 1
+        paths = re.findall(r'(?:<|")(/[^<>"]*)(?:>|")', args)
+        if call == "write" and args.startswith("1<") and not stdout:
+            stdout = True
+            steps.append((call, n, "stdout", len(steps)))
+            continue
+        path = paths[-1] if paths else ""
+        if not path.startswith(f"{site}/") or (call == "openat" and "O_CREAT" not in args):
+            continue
+        if call == "fsync" and not path.endswith(TMP_SUFFIX):  # a directory's (write_atomic fsyncs its temp file)
+            continue
+        if call == "rename" and path == f"{site}/.sm120kit/ledger.json":
+            commit = len(steps)
+        if call == "unlink" and commit is not None and path.endswith(("/.sm120kit/ledger.json", "/.sm120kit/lock")):
+            continue
+        steps.append((call, n, path.removeprefix(f"{site}/"), len(steps)))
+    assert commit is not None, f"{command}: no commit in {trace}"
+    return [(call, n, path, 2 if i <= commit else 4) for call, n, path, i in steps]
+
+
+def io_fault_cases(sites: Sites, tmp: Path) -> list[tuple]:
+    """Items 24 and 25: every write, fsync, rename, unlink and create of `patch` and
+    `unpatch` (sglang 0.5.23, every shipped patch: six files) made to fail by strace, and
+    stdout a full device."""
+    cases: list[tuple] = []
+    if not shutil.which("strace"):
+        print("note: strace is not installed (apt-get install strace): the injected I/O errors are left out")
+    else:
+        for command, patched in (("patch", False), ("unpatch", True)):
+            # the environment main() runs every case in; an outcome cache that only this command's runs
+            # fill (the same for each of them), no bytecode written
+            env = {"SM120KIT_STATE_DIR": str(tmp / "state"), "SM120KIT_CACHE_DIR": str(tmp / f"cache-{command}")}
+            env["PYTHONDONTWRITEBYTECODE"] = "1"
+            sm120kit([command, "--site", sites.copy(patched)], env, cwd=tmp)  # the cache as every run below finds it
+            for call, n, path, want in traced_steps(command, sites.copy(patched), env, tmp):
+                for err in FAULTS[call]:
+                    strace = ["strace", "-f", "-o", os.devnull, "-e", f"trace={call}"]
+                    strace += ["-e", f"inject={call}:error={err}:when={n}"]
+                    label = f"{command}: {err} at {call} #{n} ({path})"
+                    cases.append((label, [command, "--site", sites.copy(patched)], env, want, strace))
+    full = ["sh", "-c", 'exec "$@" >/dev/full', "sh"]
+    cases.append(("patch > /dev/full", ["patch", "--site", sites.copy(patched=False)], {}, 4, full))
+    cases.append(("unpatch > /dev/full", ["unpatch", "--site", sites.copy()], {}, 4, full))
+    for argv in (["status"], ["patch", "--check"], ["patch", "--json"]):
+        cases.append((f"{' '.join(argv)} > /dev/full (nothing to do)", [*argv, "--site", sites.copy()], {}, 2, full))
+    cases.append(("patches > /dev/full", ["patches"], {}, 2, full))
+    return cases
+
+
+def first_day_input_cases(sites: Sites, tmp: Path) -> list[tuple]:
+    """Items 26, 28, 29, 30."""
+    root = tmp / "items-26-30"
+    root.mkdir()
+    cases: list[tuple] = []
+    for name, body in (
+        ("sys.exit(0)", "import sys\nsys.exit(0)\n"),
+        ("sys.exit('bye')", "raise SystemExit('bye')\n"),
+        ("KeyboardInterrupt", "raise KeyboardInterrupt\n"),
+        ("GeneratorExit", "raise GeneratorExit\n"),
+    ):
+        mine = root / f"patches-{len(cases)}"
+        (mine / "sglang").mkdir(parents=True)
+        (mine / "sglang" / "exits.py").write_text(body)
+        for argv in (["patch", "--verify", "--site", sites.copy(patched=False)], ["patches"], ["status"]):
+            cases.append((f"patch module raising {name} at import: {argv[0]}", [*argv, "--patch-dir", mine], {}, 2))
+
+    long_name, long_path = "/tmp/" + "n" * 300, "/tmp/" + "d/" * 2100
+    for value in (long_name, long_path):
+        what = "a 300-byte name" if value == long_name else "a 4205-byte path"
+        for argv in (
+            ["status", "--site", value],
+            ["status", "--python", value],
+            ["profile", "check", "glm5-nvfp4", "--site", value],
+            ["patch", "--json", "--site", value],
+            ["unpatch", "--site", value],
+            ["patches", "--patch-dir", value],
+            ["profiles", "--profile-dir", value],
+            ["doctor", "--nvml", value],
+            ["diagnose", value],
+        ):
+            cases.append((f"{what}: {' '.join(argv[:-1])}", argv, {}, 2))
+
+    deep_list, deep_object = "[" * 100_000 + "]" * 100_000, '{"a": ' * 50_000 + "1" + "}" * 50_000
+    for label, doc in (("a deep list", deep_list), ("a deep object", deep_object)):
+        site = sites.copy()
+        (site / ".sm120kit" / "ledger.json").write_text(doc)
+        for argv in (["status"], ["patch"], ["unpatch"], ["patch", "--verify"]):
+            cases.append((f"ledger {label}: {' '.join(argv)}", [*argv, "--site", site], {}, 2))
+        site = sites.copy()
+        (site / ".sm120kit" / "journal.json").write_text(doc)
+        cases.append((f"journal {label}: patch", ["patch", "--site", site], {}, 2))
+        cases.append((f"journal {label}: status", ["status", "--site", site], {}, 2))
+        state = root / f"state-{len(cases)}"
+        (state / "serve" / "glm5-nvfp4").mkdir(parents=True)
+        (state / "serve" / "glm5-nvfp4" / "state.json").write_text(doc)
+        cases.append((f"state.json {label}: ps", ["ps"], {"SM120KIT_STATE_DIR": str(state)}, 2))
+        document = root / f"doc-{len(cases)}.json"
+        document.write_text(doc)
+        cases.append((f"--nvml {label}", ["doctor", "--nvml", document], {}, 2))
+        tune = ["tune-moe", "kimi-k2-int4-triton", "--plan", "--site", sites.vendor, "--model-config", document]
+        cases.append((f"--model-config {label}", tune, {}, 2))
+
+    for label, tail in (
+        ("200 000 nested parentheses", b"x = " + b"(" * 100_000 + b")" * 100_000 + b"\n"),
+        ("a chain of 50 000 operators", b"x = " + b"+".join([b"1"] * 50_000) + b"\n"),
+        ("5 000 nested lambdas", b"x = " + b"lambda: " * 5_000 + b"1\n"),
+        ("a syntax error, then 50 000 unary minus", b"def (:\n" + b"x = " + b"-" * 50_000 + b"1\n"),
+    ):
+        site = sites.copy(patched=False)
+        (site / DSA_FILE).write_bytes((site / DSA_FILE).read_bytes() + tail)
+        cases.append((f"target file with {label}: status", ["status", "--site", site], {}, 2))
+        cases.append((f"target file with {label}: patch", ["patch", "--site", site], {}, 2))
+
+    for label, data in (
+        ("a binary", bytes(range(256)) * 16),
+        ("NUL bytes", b"x = 1\n\0y = 2\n"),
+        ("latin-1 in a comment", b"x = 1\n# caf\xe9\n"),
+        ("latin-1 on the first line", b"x = 'caf\xe9'\n"),
+        ("an unknown encoding", b"# -*- coding: nosuch -*-\nx = 1\n"),
+    ):
+        for patched in (False, True):
+            site = sites.copy(patched)
+            (site / DSA_FILE).write_bytes(data)
+            state = "patched" if patched else "vendor"
+            for argv in (["status"], ["patch", "--check"], ["patch"], ["unpatch"] if patched else ["patch", "--diff"]):
+                cases.append((f"target file {label} ({state}): {' '.join(argv)}", [*argv, "--site", site], {}, 2))
+    return cases
+
+
 def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="sm120kit-bad-inputs-"))
     try:
         state = {"SM120KIT_STATE_DIR": str(tmp / "state")}
-        cases = patch_cases(Sites(tmp), tmp) + serve_cases(tmp) + first_day_cases(tmp)
-        tally = {"tried": 0, "clear": 0, "internal error": 0, "wrong exit code": 0}
-        for label, argv, env, want in cases:
-            proc = sm120kit(argv, {**state, **env}, cwd=tmp)
+        sites = Sites(tmp)
+        cases = patch_cases(sites, tmp) + serve_cases(tmp) + first_day_cases(tmp)
+        cases += io_fault_cases(sites, tmp) + first_day_input_cases(sites, tmp)
+        tally = {"tried": 0, "clear": 0, "traceback": 0, "internal error": 0, "signal": 0, "wrong exit code": 0}
+        for label, argv, env, want, *prefix in cases:
+            proc = sm120kit(argv, {**state, **env}, cwd=tmp, prefix=prefix[0] if prefix else ())
             text = proc.stdout + proc.stderr
             internal = "internal error" in text or "Traceback" in text
+            tally["traceback"] += "Traceback" in text
+            tally["signal"] += proc.returncode < 0  # killed by one (strace passes the tracee's on)
             clear = (
                 not internal
                 and SECRET not in text
                 and proc.returncode == want
-                and any(w in text for w in ("error", "FAIL", "warning"))
+                and any(w in text for w in ("error", "FAIL", "warning", "foreign-edit", "anchor-missing"))
             )
             tally["tried"] += 1
             tally["clear"] += clear

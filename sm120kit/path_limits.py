@@ -34,18 +34,20 @@ def check(option: str, value: str) -> None:
         raise UserError(f"{option} {_shown(value)}: {why}", HINT)
 
 
-def refusal(exc: OSError, options: dict[str, object]) -> UserError | None:
+def refusal(exc: OSError, given: list[tuple[str, object]]) -> UserError | None:
     """An ENAMETOOLONG from anywhere as the refusal of the option whose value led to it (the
-    option whose path the failing one starts with), or None for any other error."""
+    option whose path the failing one starts with; "" for a positional), or None for any
+    other error. `given`: (option, value) of each option the command took."""
     if exc.errno != errno.ENAMETOOLONG:
         return None
     failed = os.fsdecode(exc.filename) if exc.filename is not None else ""
     why = problem(failed) if failed else None
-    for option, value in options.items():
+    for option, value in given:
         values = value if isinstance(value, list) else [value]
         for v in values:
             if isinstance(v, str) and v and failed.startswith(os.path.expanduser(v)):
-                return UserError(f"{option} {_shown(v)}: {why or 'the path is longer than the system allows'}", HINT)
+                where = f"{option} {_shown(v)}" if option else _shown(v)
+                return UserError(f"{where}: {why or 'the path is longer than the system allows'}", HINT)
     return UserError(f"{_shown(failed) or 'a path'}: {why or 'the path is longer than the system allows'}", HINT)
 
 

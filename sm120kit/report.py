@@ -317,30 +317,49 @@ def patch_listing(patches: list[Patch], shipped: str, width: int | None = None) 
 
 
 def lost_messages(plan: Plan) -> list[str]:
-    """The plain account of what an upgrade (or a reinstall) did to our patches."""
-    by_patch = {f.patch.id: f for f in plan.findings}
-    by_file = {(f.patch.id, f.path): f for f in plan.findings}
+    """The plain account of what an upgrade, a downgrade or a reinstall did to our patches:
+    one line per file that lost a patch, naming the file (a patch of several files may be
+    re-applied to one and not needed any more in another)."""
     messages: list[str] = []
     for lost in plan.lost:
-        now = by_file.get((lost.patch_id, lost.path)) or by_patch.get(lost.patch_id)
-        message = f"{_lost_head(lost)}; {_lost_tail(lost, now)}"
-        if message not in messages:  # a patch of several files is one story
+        message = f"{_lost_head(lost)}; {_lost_tail(lost, *_now(lost, plan.findings))}"
+        if message not in messages:
             messages.append(message)
     return messages
 
 
 def _lost_head(lost: Lost) -> str:
-    if lost.old_version != lost.new_version:
-        return f"{lost.package} {lost.old_version} -> {lost.new_version}: patch {lost.patch_id} was lost in the upgrade"
-    return f"{lost.package} {lost.new_version}: patch {lost.patch_id} was lost (the file was reinstalled)"
+    if lost.old_version == lost.new_version:
+        return f"{lost.package} {lost.new_version}: patch {lost.patch_id} was lost ({lost.path} was reinstalled)"
+    from packaging.version import Version
+
+    change = "downgrade" if Version(lost.new_version) < Version(lost.old_version) else "upgrade"
+    return (
+        f"{lost.package} {lost.old_version} -> {lost.new_version}: "
+        f"patch {lost.patch_id} was lost from {lost.path} in the {change}"
+    )
 
 
-def _lost_tail(lost: Lost, now: Finding | None) -> str:
+def _now(lost: Lost, findings: list[Finding]) -> tuple[Finding | None, bool]:
+    """(the patch's finding now, whether it is about the lost file's code): the finding on
+    that file, or on the file its code moved to (the same name elsewhere, or the patch's
+    only file); else the patch's last finding, which says nothing of that file."""
+    mine = [f for f in findings if f.patch.id == lost.patch_id]
+    name = lost.path.rsplit("/", 1)[-1]
+    same = [f for f in mine if f.path == lost.path] or [f for f in mine if (f.path or "").endswith("/" + name)]
+    if same or len(mine) == 1:
+        return (same or mine)[0], True
+    return (mine[-1] if mine else None), False
+
+
+def _lost_tail(lost: Lost, now: Finding | None, its_code: bool) -> str:
     from sm120kit.patching.spec import Outcome
 
     if now is None:
         return "it is not in the patch set any more"
     tail = _lost_outcome(lost, now)
+    if its_code and now.path and now.path != lost.path:  # the upgrade moved the code
+        tail = f"its code is now in {now.path}: {tail}"
     return f"{tail} ({now.unproven})" if now.unproven and now.outcome is not Outcome.FIXED_UPSTREAM else tail
 
 
@@ -386,11 +405,17 @@ def _detail(f: Finding, debug: bool) -> str:
     return detail
 
 
+def _fixed_in(f: Finding) -> str:
+    """A file's row: when upstream fixed that part. A row of the whole patch (not installed,
+    outside its releases): when upstream fixed it, part by part, as `sm120kit patches` says."""
+    return f.fixed_in or (fixed_in_text(f.patch) if f.path is None else OPEN)
+
+
 def findings_table(findings: list[Finding], debug: bool, width: int | None = None) -> str:
     """One row per (patch, file). Fitted to a width, the file and the detail go on a line
     of their own under the row; with --wide (no width) they are its last two columns."""
     headers = ["PATCH", "PACKAGE", "VERSION", "OUTCOME", "FIXED IN"]
-    rows = [[f.patch.id, f.patch.package, f.version or NONE, f.outcome.value, f.fixed_in or OPEN] for f in findings]
+    rows = [[f.patch.id, f.patch.package, f.version or NONE, f.outcome.value, _fixed_in(f)] for f in findings]
     if width is None:
         return table(
             [*headers, "FILE", "DETAIL"], [[*r, f.path or NONE, _detail(f, debug)] for r, f in zip(rows, findings)]
@@ -426,6 +451,7 @@ def plan_json(command: str, plan: Plan, code: int, extra: dict | None = None) ->
         "messages": lost_messages(plan),
         "unproven": [f.as_json() for f in plan.unproven],
         "damaged": plan.damaged,
+        "unrestorable": plan.unrestorable,
         "interrupted": [str(p) for p in plan.interrupted],
         "warnings": plan.warnings,
         "jit_cache_removed": [str(p) for p in plan.jit_cache_removed],

@@ -43,7 +43,7 @@ def templates(tmp_path_factory):
         for p in vendor.rglob("*.py")
         if p.read_bytes() != (patched / p.relative_to(vendor)).read_bytes()
     )
-    assert len(files) == 7
+    assert len(files) == 8
     return vendor, patched, files
 
 

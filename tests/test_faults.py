@@ -139,7 +139,12 @@ def test_lost_ledger_is_still_recognised(cli, site10):
         path.rmdir() if path.is_dir() else path.unlink()
     code, doc = cli.json("status", "--site", site10, "--only", "sglang-moe-autotune-flashinfer-cutlass")
     [row] = doc["results"]
-    assert code == 0 and row["outcome"] == "already-applied" and "state was lost" in row["detail"]
+    assert row["outcome"] == "already-applied" and "state was lost" in row["detail"]
+    # In place, but nothing could give the vendor's bytes back: not clean, as --verify is not.
+    assert code == 2 and doc["unrestorable"] == [
+        f"{GATE}: patched code without a ledger entry, so `unpatch` cannot restore it; "
+        "reinstall: pip install --force-reinstall --no-deps sglang==0.5.10"
+    ]
     code, out, _err = cli("unpatch", "--site", site10, "--wide")  # each row and its detail on one line
     assert code == 2 and "no-backup" in out and "pip install --force-reinstall --no-deps sglang==0.5.10" in out
 
@@ -150,7 +155,7 @@ def test_reinstall_of_same_version_is_reported(cli, site10):
     code, out, _ = cli("status", "--site", site10, "--wide")  # each message on one line
     assert code == 1
     assert (
-        "sglang 0.5.10: patch sglang-moe-autotune-flashinfer-cutlass was lost (the file was reinstalled); "
+        f"sglang 0.5.10: patch sglang-moe-autotune-flashinfer-cutlass was lost ({GATE} was reinstalled); "
         "run `sm120kit patch` to re-apply it" in out
     )
 

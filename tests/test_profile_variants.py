@@ -412,6 +412,7 @@ def test_the_file_has_the_levers_the_issue_names():
         "pp2-tp4",
         "allreduce-fusion",
         "mtp",
+        "dsa-native",
     }
     for name, variant in SHIPPED.items():
         assert not variant["requires"] or variant["why"], f"{name}: a skipped variant says why"

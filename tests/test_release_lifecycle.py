@@ -69,7 +69,10 @@ def test_lifecycle(version, site, cli):
         for r in doc["results"]:
             package = r["package"]
             if r["outcome"] == "already-applied" and installed[package] != new[package]:
-                head = f"{package} {installed[package]} -> {new[package]}: patch {r['patch']} was lost in the upgrade;"
+                head = (
+                    f"{package} {installed[package]} -> {new[package]}: "
+                    f"patch {r['patch']} was lost from {r['path']} in the upgrade;"
+                )
                 assert head in out
         if before.get((AUTOTUNE, "sglang/srt/model_executor/model_runner.py")) == "would-apply":
             tail = (
@@ -77,7 +80,8 @@ def test_lifecycle(version, site, cli):
                 if Version(upgrade) < Version("0.5.13")
                 else "not needed any more (fixed upstream in 0.5.13)"
             )
-            assert f"sglang {version} -> {upgrade}: patch {AUTOTUNE} was lost in the upgrade; {tail}" in out
+            lost = f"patch {AUTOTUNE} was lost from sglang/srt/model_executor/model_runner.py in the upgrade"
+            assert f"sglang {version} -> {upgrade}: {lost}; {tail}" in out
         assert "verified: every patch is in place" in out
         lost = [line for line in out.splitlines() if "was lost" in line]
         assert len(lost) == len(set(lost))  # one line per patch and outcome
@@ -92,4 +96,4 @@ def test_lifecycle(version, site, cli):
         assert hashlib.sha256(data).digest() == record_digest(site, r["package"], r["path"])
     code, doc = cli.json("status", "--site", site)
     assert set(outcomes(doc).values()) <= SETTLED | {"would-apply"}
-    assert not list(site.glob(".sm120kit/backups/*"))
+    assert not (site / ".sm120kit").exists()

@@ -115,7 +115,7 @@ def test_editable_install(cli, site, tmp_path):
     original = source.read_bytes()
     source.write_bytes(original + b"# local change\n")
     code, out, _ = cli("patch", "--check", "--site", site, "--wide")  # each detail on one line
-    assert code == 0 and "edited outside sm120kit" in out
+    assert code == 2 and "foreign-edit" in out and "edited outside sm120kit after it was patched" in out
     code, out, _ = cli("unpatch", "--site", site)
     assert code == 2 and "foreign-edit" in out
     source.write_bytes(original)

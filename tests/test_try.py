@@ -59,16 +59,16 @@ def test_the_cycle_on_the_newest_proven_release(cli):
         "$ sm120kit serve glm5-nvfp4 --dry-run --site $SITE",
     ):
         assert command in transcript
-    assert f"    {FORWARD_MHA}  +" in transcript and "lost in the upgrade; re-applied" in transcript  # the diff's stat
+    assert f"    {FORWARD_MHA}  +" in transcript and "in the upgrade; re-applied" in transcript  # the diff's stat
     assert "--tp-size 8" in transcript
     assert summary.count("\n  ok      ") == 9 and "FAILED" not in summary
     for fact in (
         "sglang 0.5.22 + flashinfer-python 0.7.1 installed in a scratch site",
-        "status: 2 patches would apply (2 files); 6 parts fixed upstream",
-        "upgrade to sglang 0.5.23 + flashinfer-python 0.7.2: 2 patched files wiped (vendor bytes)",
-        "status: 2 patches lost in the upgrade (2 files)",
-        "patch --verify: 2 of the 2 lost files re-applied and verified",
-        "unpatch: 2 files byte-identical to the wheel, sha256 as in its RECORD",
+        "status: 6 patches would apply (6 files); 6 parts fixed upstream",
+        "upgrade to sglang 0.5.23 + flashinfer-python 0.7.2: 6 patched files wiped (vendor bytes)",
+        "status: 6 patches lost in the upgrade (6 files)",
+        "patch --verify: 6 of the 6 lost files re-applied and verified",
+        "unpatch: 6 files byte-identical to the wheel, sha256 as in its RECORD",
         "profile glm5-nvfp4 renders for sglang 0.5.23 to 29 arguments",
         "every step did what the cycle expects.",
     ):
@@ -77,14 +77,14 @@ def test_the_cycle_on_the_newest_proven_release(cli):
 
 
 def test_json_and_keep_on_another_release(tmp_path, cli):
-    """0.5.9 -> 0.5.10: seven patched files wiped, two of them fixed upstream in 0.5.10; the
+    """0.5.9 -> 0.5.10: eight patched files wiped, two of them fixed upstream in 0.5.10; the
     kept site holds the wheel's bytes after unpatch."""
     code, doc = cli.json("try", "--release", "0.5.10", "--dir", tmp_path, "--keep")
     assert code == 0 and doc["ok"] and doc["exit_code"] == 0, doc
     assert doc["from"] == {"sglang": "0.5.9", "flashinfer-python": flashinfer_pin("0.5.9")}
     assert doc["to"] == {"sglang": "0.5.10", "flashinfer-python": flashinfer_pin("0.5.10")}
     assert [s["name"] for s in doc["steps"] if s["ok"]] == [s["name"] for s in doc["steps"]] and not doc["not_run"]
-    assert len(doc["lost"]) == 7 and sorted(doc["reapplied"] + doc["not_needed"]) == sorted(doc["lost"])
+    assert len(doc["lost"]) == 8 and sorted(doc["reapplied"] + doc["not_needed"]) == sorted(doc["lost"])
     assert len(doc["not_needed"]) == 2 and doc["restored"]
     assert doc["profile"] == {"name": "glm5-nvfp4", "sglang": "0.5.10", "arguments": 26}
     site = tmp_path / os.path.basename(doc["scratch"]) / "site-packages"

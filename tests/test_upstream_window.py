@@ -1,8 +1,9 @@
 """A release past the proven window: the real sglang 0.5.23 and the flashinfer-python it
 pins (0.7.2), with only their versions raised to 0.5.24 and 0.7.5 -- what the next upstream
-release looks like for the bugs still open upstream. Every shipped patch gets its outcome:
-the open ones run by the shape of the code and are marked unproven, the fixed ones are
-fixed-upstream by version; a moved anchor is an error that says what to do."""
+release looks like for the bugs still open upstream. Every shipped patch gets its outcome,
+read from the code as on any release: the open ones run by its shape, the fixed ones are
+fixed-upstream as the code shows (never by the release number), every row unproven; a moved
+anchor is an error that says what to do."""
 
 from __future__ import annotations
 
@@ -34,19 +35,20 @@ MLA = "sglang-trtllm-mla-prefill-sm120"
 FORWARD_MHA = "sglang/srt/models/deepseek_common/attention_forward_methods/forward_mha.py"
 PREFILL = "sglang/kernels/ops/attention/prefill_attention.py"
 
-# (patch, file) -> outcome before patching, and whether the row is unproven.
+# (patch, file) -> outcome before patching, and whether the row is unproven: past the window
+# every row is, fixed-upstream included (what the code says, on a release nobody proved).
 EXPECTED = {
     (DSA, FORWARD_MHA): ("would-apply", True),
     (SMEM, PREFILL): ("would-apply", True),
-    (SMEM, "sglang/kernels/ops/attention/extend_attention.py"): ("fixed-upstream", False),
-    (SMEM, "sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py"): ("fixed-upstream", False),
+    (SMEM, "sglang/kernels/ops/attention/extend_attention.py"): ("fixed-upstream", True),
+    (SMEM, "sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py"): ("fixed-upstream", True),
     ("sglang-moe-autotune-flashinfer-cutlass", "sglang/srt/model_executor/runner/flashinfer_autotune.py"): (
         "fixed-upstream",
-        False,
+        True,
     ),
-    ("flashinfer-sm120-arch-suffix", "flashinfer/compilation_context.py"): ("fixed-upstream", False),
-    ("flashinfer-sm120-gemm-gdc", "flashinfer/jit/gemm/core.py"): ("fixed-upstream", False),
-    ("flashinfer-sm120-fused-moe-gdc", "flashinfer/jit/fused_moe.py"): ("fixed-upstream", False),
+    ("flashinfer-sm120-arch-suffix", "flashinfer/compilation_context.py"): ("fixed-upstream", True),
+    ("flashinfer-sm120-gemm-gdc", "flashinfer/jit/gemm/core.py"): ("fixed-upstream", True),
+    ("flashinfer-sm120-fused-moe-gdc", "flashinfer/jit/fused_moe.py"): ("fixed-upstream", True),
     ("sglang-trtllm-mla-prefill-sm120", "sglang/srt/arg_groups/overrides.py"): ("would-apply", True),
     ("sglang-nvfp4-moe-runner-sm120", "sglang/srt/layers/quantization/modelopt_quant.py"): ("would-apply", True),
     ("sglang-trtllm-mha-fp8-kv-sm120", "sglang/srt/mem_cache/kv_cache_dtype.py"): ("would-apply", True),
@@ -90,12 +92,12 @@ def test_status_triages_a_release_past_the_window(future, cli):
     assert {k: (r["outcome"], not r["proven"]) for k, r in found.items()} == EXPECTED
     assert found[(DSA, FORWARD_MHA)]["unproven"] == UNPROVEN
     assert found[(DSA, FORWARD_MHA)]["proven_window"] == "0.5.9–0.5.23"
-    assert (
-        "fixed upstream in 0.6.7 (by version; proven 0.6.3–0.7.4)"
-        in found[("flashinfer-sm120-arch-suffix", "flashinfer/compilation_context.py")]["detail"]
+    assert found[("flashinfer-sm120-arch-suffix", "flashinfer/compilation_context.py")]["detail"] == (
+        "fixed upstream in 0.6.7: CompilationContext._normalize_cuda_arch maps SM 12.0 to compute_120f "
+        "(read from the code of flashinfer-python 0.7.5; proven 0.6.3–0.7.4)"
     )
-    assert {(r["patch"], r["path"]) for r in doc["unproven"]} == {
-        k for k, (_, unproven) in EXPECTED.items() if unproven
+    assert {(r["patch"], r["path"]) for r in doc["unproven"]} == {  # run by shape: fixed-upstream is not
+        k for k, (outcome, _) in EXPECTED.items() if outcome == "would-apply"
     }
     code, out, _ = cli("status", "--site", future, "--wide")  # each line whole, as the assertions quote it
     assert code == 1
@@ -117,7 +119,7 @@ def test_patch_verify_past_the_window_applies_by_shape_and_says_unproven(future,
     code, doc = cli.json("status", "--site", future)
     assert code == 0
     assert {k: r["outcome"] for k, r in rows(doc).items() if not r["proven"]} == {
-        k: "already-applied" for k, (_, unproven) in EXPECTED.items() if unproven
+        k: "already-applied" if outcome == "would-apply" else outcome for k, (outcome, _) in EXPECTED.items()
     }
 
     code, doc = cli.json("unpatch", "--site", future)
@@ -273,8 +275,9 @@ def test_an_upgrade_past_the_window_is_never_a_false_green(site, cli):
     raise_version(site, "sglang", "0.5.24")  # ...with those of 0.5.24
     code, out, _ = cli("patch", "--verify", "--site", site, "--wide")  # each message on one line
     assert code == 0, out
-    assert f"sglang 0.5.23 -> 0.5.24: patch {DSA} was lost in the upgrade; re-applied ({UNPROVEN})" in out
-    assert f"sglang 0.5.23 -> 0.5.24: patch {SMEM} was lost in the upgrade; re-applied ({UNPROVEN})" in out
+    lost = "sglang 0.5.23 -> 0.5.24: patch {} was lost from {} in the upgrade; re-applied ({})"
+    assert lost.format(DSA, FORWARD_MHA, UNPROVEN) in out
+    assert lost.format(SMEM, PREFILL, UNPROVEN) in out
     assert all((site / path).read_bytes() != wheel_bytes("0.5.23", path) for path in (FORWARD_MHA, PREFILL))
 
 

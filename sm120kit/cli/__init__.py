@@ -25,7 +25,8 @@ read-only, for CI and Dockerfiles:     sm120kit patch --check
 the exact server command:              sm120kit serve glm5-nvfp4 --dry-run
 exit codes: 0 ok; 1 something to act on (a patch would change, a check failed, a known
   failure found, the server gave up); 2 an error or bad input; 3 the server left something
-  behind; 130 interrupted (Ctrl-C); 141 the reader of the output went away (`| head`).
+  behind; 4 the change was made, then a later step failed (the message says which); 130
+  interrupted (Ctrl-C); 141 the reader of the output went away (`| head`).
   `sm120kit COMMAND --help` says what each means there."""
 
 
@@ -74,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             hint = None if changed else "send the output where it can be written (a disk with room, a terminal)"
             return _failed(args, f"writing the output failed ({exc})", hint, changed)
         except Exception as exc:  # a bug: say so plainly; the traceback is for --debug
+            if isinstance(exc, OSError) and (refused := _path_refusal(parser, args, exc)):
+                return _failed(args, refused.message, refused.hint, changed)
             if args.debug:
                 raise
             if changed:
@@ -102,6 +105,16 @@ def _failed(args, message: str, hint: str | None, changed: list[str]) -> int:
         error = UserError(message, hint)
         print(report.error_text(f"sm120kit: error: {error}", getattr(args, "wide", False)), file=sys.stderr)
     return code
+
+
+def _path_refusal(parser: Parser, args, exc: OSError):
+    """A path too long for the system (ENAMETOOLONG, from any option that takes one) as a
+    refusal of that option; None for any other OSError."""
+    from sm120kit import path_limits
+
+    actions = parser.chosen(args)._actions
+    given = [(a.option_strings[-1] if a.option_strings else "", getattr(args, a.dest, None)) for a in actions]
+    return path_limits.refusal(exc, given)
 
 
 def _target_options(args) -> str:

@@ -17,6 +17,10 @@ from sm120kit.cli.args import (
 from sm120kit.exit_codes import ExitCode
 
 ERRORS = "an error: anchor-missing, foreign-edit, failed, damaged or unfinished state, or bad input"
+AFTER_CHANGE = (
+    "the change was made (the files and the ledger are written), then a later step failed: removing "
+    "the journal, writing the output; the message says which"
+)
 
 
 def register(sub) -> None:
@@ -85,6 +89,7 @@ def register(sub) -> None:
             "--diff: the diff is printed, empty or not)",
             ExitCode.FINDINGS: "--check only: a patch would change",
             ExitCode.ERROR: f"{ERRORS}; nothing was written (--verify: or the proof failed)",
+            ExitCode.AFTER_CHANGE: AFTER_CHANGE,
         },
         func=cmd_patch,
     )
@@ -112,6 +117,7 @@ def register(sub) -> None:
             ExitCode.OK: "restored, or nothing to restore (--dry-run: what would be restored is listed)",
             ExitCode.ERROR: "a file cannot be restored (foreign-edit: --force; no-backup: reinstall the "
             "package), or bad input; nothing was written",
+            ExitCode.AFTER_CHANGE: AFTER_CHANGE,
         },
         func=cmd_unpatch,
     )
@@ -246,7 +252,8 @@ def cmd_patch(args) -> int:
         return code
     width = report.output_width(args.wide)
     report.print_plan(plan, args.debug, width)
-    print(report.wrap(report.summary(plan.findings) + ("" if not plan.errors else "; nothing was written"), width))
+    written = not (plan.errors or plan.blockers)
+    print(report.wrap(report.summary(plan.findings) + ("" if written else "; nothing was written"), width))
     _say_why(code, width)
     if args.verify:
         if problems:

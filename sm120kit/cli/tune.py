@@ -12,14 +12,14 @@ def register(sub) -> None:
         sub,
         "tune-moe",
         "tune sglang's Triton fused-MoE kernel for a profile's model on this node; --plan first",
-        "Search the fused-MoE kernel configs of the installed sglang for the profile's MoE shape "
-        "(its model's config.json and the profile's tp/ep): the space of sglang's own tuning "
-        "script, pruned to the configs that fit sm_120's 101376 B of shared memory by compiling the "
-        "installed release's kernel on the CPU (with sm120kit's Triton, else the --python environment's); time the rest on this node's GPUs (one worker per "
-        "GPU), check each against a reference result, and install the fastest config per batch size "
-        "where the installed sglang and Triton look, as a tracked change: `sm120kit status` lists "
-        "it, `sm120kit unpatch` removes it. --plan stops before the timing (no GPU needed). A "
-        "run stopped by Ctrl-C or --budget keeps the batch sizes it finished; run it again to go on.",
+        "Search the fused-MoE kernel configs of the installed sglang for the profile's MoE shape (its model's"
+        " config.json and the profile's tp/ep): the space of sglang's own tuning script, pruned to the "
+        "configs that fit sm_120's 101376 B of shared memory by compiling the installed release's kernel on "
+        "the CPU (with sm120kit's Triton, else the --python environment's); time the rest on this node's GPUs"
+        " (one worker per GPU), check each against a reference result, and install the fastest config per "
+        "batch size where the installed sglang and Triton look, as a tracked change: `sm120kit status` lists "
+        "it, `sm120kit unpatch` removes it. --plan stops before the timing (no GPU needed). A run stopped by "
+        "Ctrl-C or --budget keeps the batch sizes it finished; run it again to go on.",
         {
             ExitCode.OK: "--plan: planned, and what sglang loads now fits sm_120; tuned: every batch size "
             "timed and the table installed",
@@ -27,6 +27,8 @@ def register(sub) -> None:
             "tuned: the budget ran out first (the finished batch sizes are installed; run again to go on)",
             ExitCode.ERROR: "bad input, a profile without a Triton fused MoE, no config.json, no Triton to "
             "compile with (pip install 'sm120kit[tune]'), no GPU for the timing (nothing written)",
+            ExitCode.AFTER_CHANGE: "the table was installed, then a later step failed (removing the journal, "
+            "writing the output); the message says which",
             ExitCode.INTERRUPTED: "interrupted: the finished batch sizes are kept for the next run, nothing installed",
         },
         func=cmd_tune_moe,

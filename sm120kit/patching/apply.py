@@ -14,7 +14,7 @@ from sm120kit.patching.planning import FileChange, Plan
 from sm120kit.patching.revert import unrecorded_rows
 from sm120kit.patching.spec import Outcome, Patch
 from sm120kit.patching.verdicts import WILL_REBUILD
-from sm120kit.target import Target
+from sm120kit.target import Target, reinstall_command
 
 
 def apply(
@@ -34,7 +34,7 @@ def apply(
         with writing.locked(target, sites, patches) as recovered:
             result = planning.plan(target, patches, force, allow_missing=allow_missing, tolerate_damage=False)
             result.warnings[:0] = recovered
-            if not result.errors:
+            if not (result.errors or result.blockers):  # exit 2 means nothing was written
                 _write_plan(result, keep_jit_cache)
     except ReadOnly:
         result = planning.plan(target, patches, force, allow_missing=allow_missing, tolerate_damage=False)
@@ -113,6 +113,7 @@ def verify(target: Target, patches: list[Patch]) -> list[str]:
                 problems.append(f"{key}: the bytes on disk are not the ones sm120kit recorded")
             elif ledger.backup(entry.vendor_sha256) is None:
                 problems.append(
-                    f"{key}: the backup of its vendor bytes is missing or damaged, so `unpatch` could not restore it"
+                    f"{key}: the backup of its vendor bytes is missing or damaged, so `unpatch` could not restore it; "
+                    f"reinstall: {reinstall_command(dist.name, dist.version)}"
                 )
-    return problems
+    return list(dict.fromkeys(problems))  # planning reports an unrestorable file too

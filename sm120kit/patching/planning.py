@@ -81,6 +81,10 @@ class Plan:
     allowances: dict[tuple[Path, str], dict] = field(default_factory=dict)
     interrupted: list[Path] = field(default_factory=list)  # journals of a killed run, not recovered yet
     damaged: list[str] = field(default_factory=list)  # ledgers that failed validation (read without them)
+    damaged_sites: set[Path] = field(default_factory=set)
+    # Patched files that `unpatch` could not give back (no ledger entry, no backup): what
+    # `patch --verify` would fail on, so `status` fails on it too.
+    unrestorable: list[str] = field(default_factory=list)
 
     @property
     def errors(self) -> list[Finding]:
@@ -104,7 +108,7 @@ class Plan:
             f"an interrupted sm120kit run left {j}: run `sm120kit patch` or `sm120kit unpatch` to finish it"
             for j in self.interrupted
         ]
-        return [*self.damaged, *unfinished]
+        return [*self.damaged, *unfinished, *self.unrestorable]
 
     def exit_code(self, check: bool) -> int:
         if self.errors or self.blockers:
@@ -148,7 +152,9 @@ def plan(
     for package, group in by_package.items():
         dist = target.find(package)
         if dist is None:
-            result.findings += [Finding(p, Outcome.NOT_APPLICABLE, f"{package} is not installed") for p in group]
+            result.findings += [  # when upstream fixed it is the patch's, installed or not
+                Finding(p, Outcome.NOT_APPLICABLE, f"{package} is not installed", fixed_in=p.fixed_in) for p in group
+            ]
             continue
         installed += 1
         _plan_package(result, dist, group, options)
@@ -199,6 +205,7 @@ def _ledger(result: Plan, site: Path, tolerate_damage: bool) -> Ledger:
         if not tolerate_damage:
             raise
         result.damaged.append(str(exc))
+        result.damaged_sites.add(site)
         ledger = Ledger(site)
     result.ledgers[site] = ledger
     result.interrupted += transaction.pending([site])
@@ -206,22 +213,9 @@ def _ledger(result: Plan, site: Path, tolerate_damage: bool) -> Ledger:
 
 
 def _not_run(patch: Patch, dist: Distribution, to_run: list[Rewrite]) -> list[Finding]:
-    """The findings of a patch's parts that run no transform on this release: past the
-    proven window, the parts of the window's top that do not run by shape have their bug
-    known fixed upstream; outside every range, the patch is fixed or not applicable."""
-    if patch.is_past_window(dist.version):
-        return [
-            Finding(
-                patch,
-                Outcome.FIXED_UPSTREAM,
-                f"fixed upstream in {fixed} (by version; proven {patch.window})",
-                dist.version,
-                r.path,
-                fixed,
-            )
-            for r in patch.current_rewrites
-            if r not in to_run and (fixed := patch.fixed_in_for(r))
-        ]
+    """The finding of a patch that runs no transform on this release (past the proven
+    window every part runs, by the shape of the code): outside every range, the patch is
+    fixed or not applicable."""
     if to_run:
         return []
     if patch.is_fixed_in(dist.version):
@@ -241,6 +235,7 @@ class _FilePlan:
     lost: list[Lost] = field(default_factory=list)
     drop: str | None = None  # the key of its ledger entry, when that now describes vendor bytes
     change: FileChange | None = None
+    unrestorable: list[str] = field(default_factory=list)
 
 
 def _add_file(result: Plan, ledger: Ledger, file_plan: _FilePlan) -> None:
@@ -250,6 +245,8 @@ def _add_file(result: Plan, ledger: Ledger, file_plan: _FilePlan) -> None:
         result.drop.append((ledger, file_plan.drop))
     if file_plan.change is not None:
         result.changes.append(file_plan.change)
+    if ledger.site not in result.damaged_sites:  # a damaged ledger is the one problem to report there
+        result.unrestorable += file_plan.unrestorable
 
 
 def _plan_file(
@@ -259,11 +256,7 @@ def _plan_file(
     try:
         before = path.read_bytes()
     except FileNotFoundError:
-        reason = f"{relpath} is absent from {dist.name} {dist.version} ({path})"
-        findings = [
-            Finding(p, Outcome.ANCHOR_MISSING, reason, dist.version, relpath, p.fixed_in_for(r)) for p, r in items
-        ]
-        return _FilePlan(qualify(findings, dist, allowed))
+        return _FilePlan(qualify(_absent(dist, relpath, path, items), dist, allowed))
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}", "run as a user that can read the environment") from None
 
@@ -273,13 +266,13 @@ def _plan_file(
         after, findings = rebuild(file, items, older, options.need_bytes)
     else:
         after, findings = cached_verdicts(file, items, options.cache, options.need_bytes)
-    result = _FilePlan(qualify(findings, dist, allowed))
+    if file.state is FileState.FOREIGN and not older:  # before qualify: no anchor-missing for a local edit
+        judge_foreign(findings, file, options.force)
+    result = _FilePlan(qualify(findings, dist, allowed), unrestorable=_unrestorable(file, findings))
     entry = file.entry
     if entry and file.state is FileState.PRISTINE:  # an upgrade or reinstall put the vendor's bytes back
         result.lost = [Lost(dist.name, entry.version, dist.version, pid, entry.path) for pid in entry.patches]
         result.drop = dist.key(relpath)
-    if file.state is FileState.FOREIGN and not older:
-        judge_foreign(findings, file, options.force)
     if after is None or after == before or any(f.is_error for f in findings):
         return result
     ours = file.state is FileState.OURS
@@ -292,6 +285,44 @@ def _plan_file(
         needs_backup=not ours,
     )
     return result
+
+
+def _absent(dist: Distribution, relpath: str, path: Path, items: Items) -> list[Finding]:
+    """The findings on a target file that is not there: removed by hand when the wheel's
+    RECORD lists it (a local edit), else not in this release (the anchor moved)."""
+    if dist.recorded_sha256(relpath) is None:
+        reason = f"{relpath} is absent from {dist.name} {dist.version} ({path})"
+        return [Finding(p, Outcome.ANCHOR_MISSING, reason, dist.version, relpath, p.fixed_in_for(r)) for p, r in items]
+    reason = f"{relpath} is in the wheel's RECORD but absent ({path}): it was removed outside sm120kit"
+    reinstall = (
+        f"reinstall {dist.name} {dist.version} to get the vendor's bytes back "
+        f"({reinstall_command(dist.name, dist.version)}), then run `sm120kit patch`"
+    )
+    findings = [Finding(p, Outcome.FOREIGN_EDIT, reason, dist.version, relpath, p.fixed_in_for(r)) for p, r in items]
+    for f in findings:
+        f.hint = reinstall
+    return findings
+
+
+def _unrestorable(file: TargetFile, findings: list[Finding]) -> list[str]:
+    """Why `unpatch` could not give back this file's vendor bytes (`patch --verify` fails on
+    the same): patched code that no ledger entry records, or an entry whose backup is gone."""
+    dist, entry = file.dist, file.entry
+    reinstall = reinstall_command(dist.name, dist.version)
+    if entry is None:
+        if any(f.outcome is Outcome.ALREADY_APPLIED for f in findings):
+            return [
+                f"{file.relpath}: patched code without a ledger entry, so `unpatch` cannot restore it; "
+                f"reinstall: {reinstall}"
+            ]
+        return []
+    stuck = any(f.stuck for f in findings)  # an outdated revision that says so already
+    if file.state is FileState.OURS and not stuck and file.ledger.backup(entry.vendor_sha256) is None:
+        return [
+            f"{dist.key(file.relpath)}: the backup of its vendor bytes is missing or damaged, "
+            f"so `unpatch` could not restore it; reinstall: {reinstall}"
+        ]
+    return []
 
 
 def _untargeted_entries(dist: Distribution, ledger: Ledger, targeted: set[str]) -> list[tuple[str, list[Lost]]]:

@@ -174,16 +174,14 @@ class Patch:
 
     def rewrites_to_run(self, version: str) -> list[Rewrite]:
         """The rewrites whose transforms run on `version`: those proven on it, or past the
-        window the current ones whose part is not known fixed."""
+        window the current ones, all of them. A part known fixed upstream is read from the
+        code there too: a release number says nothing of the code it carries (a regression,
+        a fork's build, a local build of a development version)."""
         if rewrites := self.rewrites_for(version):
             return rewrites
         if self.is_past_window(version):
-            return [r for r in self.current_rewrites if not self.part_fixed_in(r, version)]
+            return list(self.current_rewrites)
         return []
-
-    def part_fixed_in(self, rewrite: Rewrite, version: str) -> bool:
-        fixed = self.fixed_in_for(rewrite)
-        return fixed is not None and Version(version) >= Version(fixed)
 
     # -- the proven window: the releases the rewrites were proven on ----------------------
 

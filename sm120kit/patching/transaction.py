@@ -71,8 +71,8 @@ def commit(ledgers: dict[Path, Ledger], writes: list[FileWrite], op: str) -> Non
     Raises UserError, after rolling back what it can, when a write fails."""
     sites = sorted(ledgers)
     docs = {site: ledgers[site].document() for site in sites}
-    _check_space(ledgers, docs, writes)
     try:
+        _check_space(ledgers, docs, writes)
         for w in writes:
             if w.before is not None:
                 ledgers[w.site].store_backup(w.before)

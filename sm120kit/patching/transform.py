@@ -70,6 +70,8 @@ def run_rewrites(
     that raises or misbehaves is reported as failed, never raised."""
     import libcst as cst
 
+    if (refused := _refused_by_python(source, relpath)) is not None:
+        return source, [_finding(p, r, Outcome.ANCHOR_MISSING, refused, version, relpath) for p, r in items]
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
@@ -95,6 +97,65 @@ def run_rewrites(
     if after != source:
         _self_check(after, items, findings, relpath)
     return after, findings
+
+
+# libcst's native parser recurses once per level of an expression on the thread's stack: a
+# file nested a few thousand deep (brackets, a chain of 5000 lambdas) kills the process by
+# SIGSEGV. CPython's parser bounds nesting (200 brackets, 100 indents, its recursion limit),
+# well below that; a file it cannot parse for another reason (syntax newer than this Python)
+# reaches libcst only with every logical line under these bounds.
+MAX_BRACKETS = 200
+MAX_LINE_TOKENS = 2000
+
+
+def _refused_by_python(source: bytes, relpath: str) -> str | None:
+    """Why `source` must not be given to libcst, or None: NUL bytes (a binary file), bytes
+    that are not text in the file's encoding (UTF-8 unless it declares another), nesting
+    past CPython's limits (or, where CPython cannot parse it, past MAX_BRACKETS or
+    MAX_LINE_TOKENS). Such a file is the code of no release: its patches find nothing
+    they know in it."""
+    import ast
+    import io
+    import tokenize
+
+    if b"\0" in source:
+        return f"{relpath} holds NUL bytes: not Python source (a binary file?)"
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
+        text = source.decode(encoding)
+    except (SyntaxError, UnicodeDecodeError, LookupError) as exc:
+        return f"{relpath} is not Python source text ({exc})"
+    nested = f"{relpath} is nested deeper than Python's parser allows: not the code of any release"
+    try:
+        compile(source, relpath, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+        return None
+    except SyntaxError as exc:
+        if "too many" in str(exc.msg) or "too complex" in str(exc.msg):  # nested parentheses, indents, blocks
+            return nested
+        invalid = f"{relpath} does not parse ({exc.msg} at line {exc.lineno})"
+    except (ValueError, RecursionError, MemoryError):
+        return nested
+    try:
+        return None if _bounded(text) else nested
+    except (SyntaxError, tokenize.TokenError):
+        return invalid
+
+
+def _bounded(text: str) -> bool:
+    """Whether every logical line stays within MAX_BRACKETS and MAX_LINE_TOKENS."""
+    import io
+    import tokenize
+
+    level = count = 0
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        count = 0 if token.type == tokenize.NEWLINE else count + 1
+        if token.type == tokenize.OP and token.string in "([{":
+            level += 1
+        elif token.type == tokenize.OP and token.string in ")]}":
+            level -= 1
+        if level > MAX_BRACKETS or count > MAX_LINE_TOKENS:
+            return False
+    return True
 
 
 def _finding(patch: Patch, rewrite: Rewrite, outcome: Outcome, detail: str, version: str, relpath: str) -> Finding:

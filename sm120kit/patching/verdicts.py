@@ -2,8 +2,9 @@
 
 The transforms (or the outcome cache, for bytes it has seen) give the first verdict; then
 it is qualified: a file that carries another revision of a patch is outdated and rebuilt
-from the vendor's bytes, a file someone else edited is a foreign edit, and past the proven
-window every verdict is unproven. Reads backups and the cache; writes only the cache.
+from the vendor's bytes, a file someone else edited is a foreign edit (whatever its code
+looks like: fixed-upstream and anchor-missing are said only of the vendor's bytes), and past
+the proven window every verdict is unproven. Reads backups and the cache; writes only the cache.
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ def cached_verdicts(
     """(new bytes or None when not needed, findings): from the cache when it has every
     verdict and no new bytes are needed, else from the transforms (and then cached)."""
     version, relpath, digest = file.dist.version, file.relpath, file.digest
+    if cache and _as_written(file, items):
+        return None, [Finding(p, Outcome.ALREADY_APPLIED, "", version, relpath, p.fixed_in_for(r)) for p, r in items]
     keys = [_cache_key(p, r, version, digest) for p, r in items]
     if cache:
         hits = [outcome_cache.get(k) for k in keys]
@@ -89,6 +92,19 @@ def cached_verdicts(
             already = {"outcome": Outcome.ALREADY_APPLIED.value, "detail": ""}
             outcome_cache.put(_cache_key(p, r, version, after_digest), already)
     return after, findings
+
+
+def _as_written(file: TargetFile, items: Items) -> bool:
+    """Whether the file holds the bytes sm120kit wrote with exactly these patches at their
+    current revisions, their markers in place: each was proven already-applied on these
+    bytes before they were written (transform.py's self-check), and a rewrite that changes
+    bumps its revision. So a read-only run with an empty outcome cache parses no file that
+    sm120kit patched; `verify` (no cache) proves them from disk."""
+    entry = file.entry
+    if file.state is not FileState.OURS or entry.patches != {p.id: p.revision for p, _ in items}:
+        return False
+    text = file.before.decode("utf-8", "replace")
+    return all(p.revision in marker_revisions(text, p.id) for p, _ in items)
 
 
 # -- outdated revisions --------------------------------------------------------------------
@@ -168,14 +184,17 @@ def _vendor_bytes(file: TargetFile, items: Items) -> tuple[bytes | None, str, st
 
 
 def qualify(findings: list[Finding], dist: Distribution, allowed: dict[str, str]) -> list[Finding]:
-    """Past the proven window every outcome of a transform is unproven, and an anchor that
-    moved may mean the bug was fixed or that the code changed around it: say so and what
-    to do. An anchor-missing the user accepted (patch id -> how) is allowed, not an error.
-    Qualifies the findings in place and returns them."""
+    """Past the proven window every outcome of a transform is unproven (fixed upstream
+    there is what the code says, whatever the release number), and an anchor that moved may
+    mean the bug was fixed or that the code changed around it: say so and what to do. An
+    anchor-missing the user accepted (patch id -> how) is allowed, not an error. Qualifies
+    the findings in place and returns them."""
     for f in findings:
         past = f.patch.is_past_window(dist.version)
         if past:
             f.unproven = f"unproven on {dist.name} {dist.version} (proven {f.patch.window})"
+        if past and f.outcome is Outcome.FIXED_UPSTREAM:  # by the code, never by the release number
+            f.detail += f" (read from the code of {dist.name} {dist.version}; proven {f.patch.window})"
         if f.outcome is not Outcome.ANCHOR_MISSING:
             continue
         go_on = f"to go on without this patch: --allow-missing {f.patch.id}"
@@ -202,25 +221,48 @@ def _refs(patch: Patch) -> str:
 
 
 def judge_foreign(findings: list[Finding], file: TargetFile, force: bool) -> None:
-    """A file that matches neither RECORD nor our last write: a would-apply there is a
-    foreign edit (unless --force), an already-applied says what happened. In place."""
-    would_change = [f for f in findings if f.outcome is Outcome.WOULD_APPLY]
-    if not would_change:
-        note = (
-            "marker found, but no ledger entry: the state was lost, so `unpatch` needs a reinstall"
-            if file.entry is None
-            else f"{file.relpath} was edited outside sm120kit after it was patched"
-        )
-        for f in findings:
-            if f.outcome is Outcome.ALREADY_APPLIED:
-                f.detail = note
-        return
-    for f in would_change:
-        if force:
-            f.detail = "over a foreign edit (--force): unpatch restores the edited bytes"
-        else:
-            f.outcome = Outcome.FOREIGN_EDIT
-            f.detail = (
-                f"{file.relpath} matches neither the wheel's RECORD nor sm120kit's last write: "
-                "someone else edited it; reinstall the package or pass --force"
+    """A file whose bytes are neither the vendor's (its RECORD hash) nor what sm120kit last
+    wrote: a local edit, and every verdict on it says so, naming the file and the way back.
+    A would-apply there is a foreign edit (--force patches over it); so is code that looks
+    fixed (only the vendor's bytes tell what upstream fixed), a missing anchor (upstream did
+    not move it: the edit did), and a patch in place in a file edited since sm120kit wrote
+    it (`unpatch` would refuse it). A patch in place whose ledger entry is gone keeps its
+    outcome and says so; planning reports it as unrestorable. In place."""
+    dist = file.dist
+    reinstall = (
+        f"reinstall {dist.name} {dist.version} to get the vendor's bytes back "
+        f"({reinstall_command(dist.name, dist.version)}), then run `sm120kit patch`"
+    )
+    baseline = "the wheel's RECORD" if dist.recorded_sha256(file.relpath) else "the bytes sm120kit found there first"
+    edited = f"{file.relpath} differs from {baseline}: it was edited outside sm120kit"
+    rewritten = force and any(f.outcome is Outcome.WOULD_APPLY for f in findings)  # the ledger is rewritten too
+    for f in findings:
+        if f.outcome is Outcome.WOULD_APPLY:
+            if force:
+                f.detail = "over a foreign edit (--force): unpatch restores the edited bytes"
+            else:
+                _foreign(f, edited, f"{reinstall}; or patch over the edit: --force")
+        elif f.outcome is Outcome.FIXED_UPSTREAM:
+            reason = f.detail.split(": ", 1)[-1] if f.detail.startswith("fixed upstream in ") else f.detail
+            _foreign(
+                f,
+                f"{edited}; its code looks fixed ({reason}), but these are not the vendor's bytes, "
+                "and only those tell whether upstream fixed it",
+                reinstall,
             )
+        elif f.outcome is Outcome.ANCHOR_MISSING:
+            _foreign(f, f"{edited}, and the code the patch changes is not there: {f.detail}", reinstall)
+        elif f.outcome is Outcome.ALREADY_APPLIED and file.entry is None:
+            f.detail = "marker found, but no ledger entry: the state was lost, so `unpatch` needs a reinstall"
+        elif f.outcome is Outcome.ALREADY_APPLIED and not rewritten:
+            _foreign(
+                f,
+                f"{file.relpath} was edited outside sm120kit after it was patched (the patch is in place): "
+                "it matches neither the wheel's RECORD nor sm120kit's last write",
+                "`sm120kit unpatch --force` gives back the vendor's bytes (the edit is lost), "
+                f"then run `sm120kit patch`; or {reinstall}",
+            )
+
+
+def _foreign(f: Finding, detail: str, hint: str) -> None:
+    f.outcome, f.detail, f.hint = Outcome.FOREIGN_EDIT, detail, hint

@@ -20,7 +20,8 @@ from sm120kit.target import Distribution, Target
 @contextlib.contextmanager
 def locked(target: Target, sites: set[Path], patches: list[Patch]) -> Iterator[list[str]]:
     """The lock of every site, and first of all: finish what a killed run left there.
-    Yields what the recovery did."""
+    Yields what the recovery did. A state directory left with nothing to restore goes
+    (after `unpatch` of the last patch, or a run that wrote nothing)."""
     declared = {(p.package, r.path) for p in patches for r in p.rewrites}
     with contextlib.ExitStack() as stack:
         recovered: list[str] = []
@@ -30,6 +31,34 @@ def locked(target: Target, sites: set[Path], patches: list[Patch]) -> Iterator[l
                 site, lambda package, relpath, site=site: resolve(target, declared, site, package, relpath)
             )
         yield recovered
+        for site in sorted(sites):  # still under the lock
+            _drop_unused_state(site)
+
+
+def _drop_unused_state(site: Path) -> None:
+    """Remove <site>/.sm120kit when it holds nothing to restore or remember: no ledger
+    entry (a patched file, a tuned table, an accepted --allow-missing, a config dir), no
+    journal, no backup. The lock file goes last, still held: a run that opened it before
+    fails on the lock as it would have; one that comes after makes a new one. Anything
+    else there (a ledger moved aside as `ledger.json.bad`) keeps the directory."""
+    state = Ledger(site).state_dir
+    if state.is_symlink() or not state.is_dir() or transaction.pending([site]):
+        return
+    try:
+        ledger = Ledger.load(site)
+    except UserError:
+        return
+    if ledger.files or ledger.tuned or ledger.moe_config_dirs or ledger.allowed_missing:
+        return
+    with contextlib.suppress(OSError):
+        (state / "backups").rmdir()  # only when empty
+    if (state / "backups").exists():
+        return
+    for name in ("ledger.json", "lock"):
+        with contextlib.suppress(OSError):
+            (state / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        state.rmdir()
 
 
 def resolve(target: Target, declared: set[tuple[str, str]], site: Path, package: str, relpath: str) -> Path | None:
