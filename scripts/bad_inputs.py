@@ -450,11 +450,13 @@ def io_fault_cases(sites: Sites, tmp: Path) -> list[tuple]:
         print("note: strace is not installed (apt-get install strace): the injected I/O errors are left out")
     else:
         for command, patched in (("patch", False), ("unpatch", True)):
-            # the environment main() runs every case in; an outcome cache that only this command's runs
-            # fill (the same for each of them), no bytecode written
+            # The environment main() runs every case in, made to open and write the same files in every
+            # run: an outcome cache that only this command's runs fill, a bytecode cache of their own
+            # that the first run fills (a stale .pyc would have each run read the source as well).
             env = {"SM120KIT_STATE_DIR": str(tmp / "state"), "SM120KIT_CACHE_DIR": str(tmp / f"cache-{command}")}
+            env["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
+            sm120kit([command, "--site", sites.copy(patched)], env, cwd=tmp)
             env["PYTHONDONTWRITEBYTECODE"] = "1"
-            sm120kit([command, "--site", sites.copy(patched)], env, cwd=tmp)  # the cache as every run below finds it
             for call, n, path, want in traced_steps(command, sites.copy(patched), env, tmp):
                 for err in FAULTS[call]:
                     strace = ["strace", "-f", "-o", os.devnull, "-e", f"trace={call}"]

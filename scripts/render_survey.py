@@ -15,7 +15,12 @@ from pathlib import Path
 from sm120kit.catalogue.survey import load_survey
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "known-failures.md"
-ANSWERS = {"patch": "patch", "rule": "launch rule", "compiled": "compiled code: avoid", "environment": "the node: doctor"}
+ANSWERS = {
+    "patch": "patch",
+    "rule": "launch rule",
+    "compiled": "compiled code: avoid",
+    "environment": "the node: doctor",
+}
 
 
 def _cell(text: str) -> str:

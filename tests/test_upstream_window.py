@@ -15,7 +15,6 @@ import sys
 import pytest
 from conftest import (
     WINDOW,
-    flashinfer_pin,
     install,
     patch_dir,
     raise_version,
