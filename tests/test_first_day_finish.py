@@ -19,6 +19,8 @@ import dockerfile
 import jsonschema
 import pytest
 from conftest import ROOT, install, tree_snapshot
+from test_tune_cli import KIMI, SERVER, VERSION  # the same Kimi K2 shape and release
+from test_tune_cli import MEMBERS as MOE_MEMBERS
 
 from sm120kit import __version__, report, wheels
 from sm120kit.profiles.loader import list_profiles, load_profile
@@ -31,33 +33,6 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-SERVER = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
-VERSION = "0.5.23"
-MOE_MEMBERS = ["sglang/srt/layers/moe/*", "sglang/kernels/ops/moe/*"]
-# Kimi K2 (its config.json's MoE keys): 384 experts, hidden 7168, moe_intermediate 2048, top-8,
-# compressed-tensors W4A16, symmetric, group 32.
-KIMI = {
-    "architectures": ["DeepseekV3ForCausalLM"],
-    "model_type": "kimi_k2",
-    "hidden_size": 7168,
-    "intermediate_size": 18432,
-    "moe_intermediate_size": 2048,
-    "n_routed_experts": 384,
-    "n_shared_experts": 1,
-    "num_experts_per_tok": 8,
-    "first_k_dense_replace": 1,
-    "quantization_config": {
-        "quant_method": "compressed-tensors",
-        "format": "pack-quantized",
-        "config_groups": {
-            "group_0": {
-                "targets": ["Linear"],
-                "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32},
-            }
-        },
-        "ignore": ["lm_head"],
-    },
-}
 FITS = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2}
 TOO_BIG = {"BLOCK_SIZE_M": 256, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 8}
 TOO_BIG["num_stages"] = 4

@@ -408,6 +408,7 @@ def plan(
     from packaging.version import InvalidVersion, Version
 
     from sm120kit.catalogue import rules
+    from sm120kit.catalogue.survey import load_survey
     from sm120kit.profiles.flags import read_schema
     from sm120kit.profiles.loader import load_profile
     from sm120kit.profiles.render import render
@@ -430,7 +431,8 @@ def plan(
     if written_for and written_for != profile_name:
         notes.append(f"{source} was written for profile {written_for}; searching {profile_name}")
     launch = render(baseline, schema, python)  # the profile as written must render: else nothing to compare with
-    judged = rules.check_launch(baseline, launch, target, patch_dirs, allowed_failures)
+    survey = load_survey(list(patch_dirs) or None)  # once for every variant
+    judged = rules.check_launch(baseline, launch, target, patch_dirs, allowed_failures, survey)
     if error := rules.refusal(judged, f"profile {baseline.name} as written"):
         raise error
     launch.warnings.extend(rules.warnings(judged))
@@ -475,7 +477,7 @@ def plan(
             why = exc.message.split(":\n  ", 1)[-1].replace("\n  ", "; ")  # the renderer's own lines
             planned.append(Planned(variant, VariantStatus.SKIPPED, _with_why(why, variant), profile))
             continue
-        judged = rules.check_launch(profile, launch, target, patch_dirs, allowed_failures)
+        judged = rules.check_launch(profile, launch, target, patch_dirs, allowed_failures, survey)
         if refused := [j for j in judged if j.verdict is rules.Verdict.REFUSED]:
             why = "; ".join(f"{j.message()}; avoid: {j.fix()}" for j in refused)
             planned.append(Planned(variant, VariantStatus.SKIPPED, _with_why(why, variant), profile))

@@ -24,6 +24,9 @@ from sm120kit.errors import UserError
 ALLOW_OPTION = "--allow-known-failure"
 
 
+IN_PLACE = {"applied", "already-applied", "fixed-upstream"}  # outcomes of a patch that covers its failure
+
+
 class Verdict(str, enum.Enum):
     REFUSED = "refused"
     COVERED = "covered"
@@ -35,12 +38,18 @@ class Verdict(str, enum.Enum):
 class Judged:
     failure: Failure
     verdict: Verdict
-    release: str  # "sglang 0.5.23"
+    version: str  # the installed release of failure.package
     detail: str = ""  # the covering patch, or what could not be read
+
+    @property
+    def release(self) -> str:
+        return f"{self.failure.package} {self.version}"
 
     def message(self) -> str:
         f = self.failure
-        unverified = f" (checked through {f.checked}: unverified on this release)" if self._unverified else ""
+        unverified = (
+            f" (checked through {f.checked}: unverified on this release)" if f.unverified_on(self.version) else ""
+        )
         head = f"known failure {f.id} on {self.release}{unverified}: {f.title}"
         if self.verdict is Verdict.COVERED:
             return f"{head}: covered ({self.detail})"
@@ -62,10 +71,6 @@ class Judged:
             ways.append(f"sglang flags: {f.avoid}")
         ways.append(f"{ALLOW_OPTION} {f.id} to start anyway")
         return "; or ".join(ways)
-
-    @property
-    def _unverified(self) -> bool:
-        return self.failure.unverified_on(self.release.rsplit(" ", 1)[1])
 
     def as_json(self) -> dict:
         return {
@@ -150,22 +155,18 @@ def judge(survey: Survey, facts: Facts, allowed: frozenset[str] = frozenset()) -
         held = [_holds(c, facts) for c in failure.rule.when]
         if False in held:
             continue
-        release = f"{failure.package} {version}"
         outcome = facts.patch_outcome(failure.patch) if failure.patch else None
         if outcome in IN_PLACE:
-            found.append(Judged(failure, Verdict.COVERED, release, f"{failure.patch}: {outcome}"))
+            found.append(Judged(failure, Verdict.COVERED, version, f"{failure.patch}: {outcome}"))
         elif failure.id in allowed:
-            found.append(Judged(failure, Verdict.ALLOWED, release))
+            found.append(Judged(failure, Verdict.ALLOWED, version))
         elif None in held:
             unread = [c.describe() for c, h in zip(failure.rule.when, held) if h is None]
             why = facts.model_config_problem or "not readable here"
-            found.append(Judged(failure, Verdict.UNDECIDED, release, f"cannot tell {', '.join(unread)}: {why}"))
+            found.append(Judged(failure, Verdict.UNDECIDED, version, f"cannot tell {', '.join(unread)}: {why}"))
         else:
-            found.append(Judged(failure, Verdict.REFUSED, release))
+            found.append(Judged(failure, Verdict.REFUSED, version))
     return found
-
-
-IN_PLACE = {"applied", "already-applied", "fixed-upstream"}
 
 
 def refusal(judged: list[Judged], what: str) -> UserError | None:
