@@ -9,6 +9,8 @@ Run it with bytecode caching on (unset PYTHONDONTWRITEBYTECODE), as an installed
   patch --check on an unpacked sglang 0.5.23   target < 0.5 s, within 3x of `import sm120kit`
   the same, patched                            target within 1.2x of the unpatched check (the
                                                ledger's validation is cached: no pydantic import)
+  both with an empty outcome cache             target <= 0.3 s (the shipped seed,
+                                               patches/outcomes.json, answers: no file is parsed)
   patch on an unpacked sglang 0.5.10           target < 3 s
   --help                                       target < 0.3 s
 """
@@ -29,12 +31,14 @@ from sm120kit import wheels
 CLI = [sys.executable, "-m", "sm120kit"]
 
 
-def timed(cmd: list[str], ok=(0,), before=None, cold=False) -> float:
+def timed(cmd: list[str], ok=(0,), before=None, cold=False, seed=True) -> float:
     if before:
         before()
     env = dict(os.environ)
-    if cold:  # an empty outcome cache: every verdict comes from parsing the file
+    if cold:  # an empty outcome cache: verdicts come from the shipped seed, or from parsing the file
         env["SM120KIT_CACHE_DIR"] = tempfile.mkdtemp()
+    if not seed:
+        env["SM120KIT_NO_OUTCOME_SEED"] = "1"
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, env=env)
     elapsed = time.perf_counter() - start
@@ -72,12 +76,20 @@ def main() -> int:
                 median(runs, [*CLI, "patch", "--check", "--site", str(site23)], ok=(1,), cold=True),
             ),
             (
+                "  the same, outcome cache empty, no seed",
+                median(runs, [*CLI, "patch", "--check", "--site", str(site23)], ok=(1,), cold=True, seed=False),
+            ),
+            (
                 "sm120kit patch --check, sglang 0.5.23 patched",
                 median(runs, [*CLI, "patch", "--check", "--site", str(site23p)]),
             ),
             (
                 "  the same, outcome cache empty",
                 median(runs, [*CLI, "patch", "--check", "--site", str(site23p)], cold=True),
+            ),
+            (
+                "  the same, outcome cache empty, no seed",
+                median(runs, [*CLI, "patch", "--check", "--site", str(site23p)], cold=True, seed=False),
             ),
             ("sm120kit patch, sglang 0.5.10", median(runs, [*CLI, "patch", "--site", str(site10)], before=unpatch)),
             (
@@ -99,6 +111,8 @@ def main() -> int:
         timings["sm120kit patch --check, sglang 0.5.23 patched"],
     )
     print(f"  patch --check, 0.5.23 patched / unpatched: {patched / unpatched:.2f}x (target <= 1.2x)")
+    cold = max(seconds for name, seconds in rows if name == "  the same, outcome cache empty")
+    print(f"  patch --check with an empty outcome cache, the slowest: {cold * 1000:.0f} ms (target <= 300 ms)")
     return 0
 
 

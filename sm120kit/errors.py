@@ -22,7 +22,8 @@ def problems(exc: Exception, limit: int = 3) -> str:
     """A validation error on one line: where and what, for the first few (pydantic's
     ValidationError, read by duck typing so this module imports nothing heavy); any other
     exception as its message."""
-    errors = exc.errors() if callable(getattr(exc, "errors", None)) else None
+    read_errors = getattr(exc, "errors", None)
+    errors = read_errors() if callable(read_errors) else None
     if not errors:
         return str(exc)
     found = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the document'}: {e['msg']}" for e in errors[:limit])

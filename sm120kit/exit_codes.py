@@ -1,7 +1,7 @@
-"""The exit codes of every command: one table, the README's "Exit codes" section.
+"""The exit codes of every command: one table, docs/exit-codes.md.
 
 A code says how the command ended, not which command ran; what counts as "findings" for
-each command is listed in the README and in each command's `--help`.
+each command is listed in docs/exit-codes.md and in each command's `--help`.
 """
 
 from __future__ import annotations

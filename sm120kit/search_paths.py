@@ -26,7 +26,7 @@ def search_path(kind: str, option: str, env_var: str, dirs: list[str] | None, la
     for where, d in given:
         path_limits.check(where, d)
     user = [Path(d).expanduser() for _, d in given]
-    for d in user:
-        if not d.is_dir():
-            raise UserError(f"{SINGULAR[kind]} directory {d} does not exist", f"check {option} and ${env_var}")
+    for directory in user:
+        if not directory.is_dir():
+            raise UserError(f"{SINGULAR[kind]} directory {directory} does not exist", f"check {option} and ${env_var}")
     return [*user, last]

@@ -5,7 +5,8 @@ it pins, unpacked from the real wheels; `status`, `patch --diff`, `patch --verif
 upgrade to the release tried, done as pip does it (the old files out by RECORD, the new
 wheel in), which puts the vendor's bytes back over every patched file; `status` (the
 patches lost), `patch --verify` (re-applied), `unpatch` (the vendor's bytes), and a
-profile's rendered command. Every command is the real one, run in-process with `--site`;
+profile's rendered command. Every command is the real one, run in-process with `--site`
+through the entry point the caller passes in (sm120kit.cli.main: tryout sits below the cli);
 each step's result is checked against what the cycle expects, from the JSON documents the
 commands print and from the bytes on disk (compared with the wheels and RECORD here, not
 by the engine under test). The cycle stops at the first step that does not do what it should.
@@ -260,9 +261,15 @@ class _Runner:
     """Runs the steps: each command in-process, its output echoed (indented, trimmed)."""
 
     def __init__(
-        self, cycle: Cycle, site: Path, echo: Callable[[str], None] | None, debug: bool, width: int | None = None
+        self,
+        cycle: Cycle,
+        site: Path,
+        main: Callable[[list[str]], int],
+        echo: Callable[[str], None] | None,
+        debug: bool,
+        width: int | None = None,
     ) -> None:
-        self.cycle, self.site, self.echo, self.debug = cycle, site, echo, debug
+        self.cycle, self.site, self.main, self.echo, self.debug = cycle, site, main, echo, debug
         # The commands print fitted to the transcript's width less the 4 columns they are indented by.
         self.outer = width or report.NOT_A_TERMINAL
         self.width = max(self.outer - 4, report.NARROWEST)
@@ -278,8 +285,6 @@ class _Runner:
 
     def cli(self, *argv: str, as_json: bool = False) -> tuple[int, str, str]:
         """(exit code, stdout, stderr); without as_json, stderr is in stdout as on a terminal."""
-        from sm120kit.cli import main
-
         argv = (*argv, "--site", str(self.site), *(["--json"] if as_json else []), *(["--debug"] if self.debug else []))
         out, err = io.StringIO(), io.StringIO()
         with (
@@ -287,7 +292,7 @@ class _Runner:
             contextlib.redirect_stdout(out),
             contextlib.redirect_stderr(out if not as_json else err),
         ):
-            code = main(list(argv))
+            code = self.main(list(argv))
         if code == ExitCode.INTERRUPTED:
             raise Interrupted
         return code, out.getvalue(), err.getvalue()
@@ -574,6 +579,7 @@ def _make_scratch(parent: Path | None) -> Path:
 
 
 def run(
+    main: Callable[[list[str]], int],
     release: str | None = None,
     parent: Path | None = None,
     keep: bool = False,
@@ -582,7 +588,8 @@ def run(
     debug: bool = False,
     width: int | None = None,
 ) -> Cycle:
-    """The cycle, ending on `release` (default: the newest proven). `echo` gets the
+    """The cycle, ending on `release` (default: the newest proven), each command run by
+    `main` (sm120kit.cli.main: argv in, exit code out). `echo` gets the
     transcript line by line (None: silent), fitted to `width` (default: output_width's),
     `note` the download progress. Bad input (the
     release, a --dir that is missing or not writable) is a UserError raised before any
@@ -602,7 +609,7 @@ def run(
         if echo:
             _echo_header(echo, cycle, site, width)
         with _scratch_env(scratch):
-            _run_steps(_Runner(cycle, site, echo, debug, width))
+            _run_steps(_Runner(cycle, site, main, echo, debug, width))
     finally:
         if keep:
             cycle.scratch = scratch

@@ -26,6 +26,8 @@ import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from sm120kit import caches
+
 CACHE_ENV = "SM120KIT_WHEEL_CACHE"
 
 # Every sglang release the patch engine is proven on, post-releases included. Extending it
@@ -91,12 +93,7 @@ def cache_dir() -> Path:
     """The wheel cache, made if missing. One that cannot be made (a file there, no write
     permission) is a UserError naming the path and $SM120KIT_WHEEL_CACHE."""
     configured = os.environ.get(CACHE_ENV)
-    if configured:
-        path = Path(configured)
-    else:
-        from platformdirs import user_cache_dir
-
-        path = Path(user_cache_dir("sm120kit")) / "wheels"
+    path = Path(configured) if configured else caches.cache_dir("wheels", env=None)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -1,5 +1,13 @@
 """Shared fixtures: real sglang releases unpacked into throwaway site directories, and the
-CLI run in-process."""
+CLI run in-process; and the two tiers.
+
+Tiers: every test that needs real wheels, a child process, the router or Triton is marked
+`integration` (and `wheels` / `processes` / `router` / `triton`) at collection, by reading
+the code it runs: the rule and its table are in tests/tiers.py. `pytest -m "not integration"`
+is the fast loop; plain `pytest` (the README's command, .ci/run) runs both tiers. A fast-tier
+test that does start a process, fetch a wheel or compile with Triton all the same fails
+(fast_tier_guard), naming what it did, so the rule's misses do not stay hidden.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +21,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import tiers
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))  # the scripts the tests run in-process (conformance)
@@ -93,12 +102,28 @@ def wheel_bytes(version: str, relpath: str, package: str = "sglang") -> bytes:
         return zf.read(relpath)
 
 
+@pytest.fixture(scope="session")
+def session_cache(tmp_path_factory) -> Path:
+    """One sm120kit cache for the whole run, never the user's: a transform's verdict on a
+    file is a pure function of its bytes, so tests of the same release share it warm."""
+    return tmp_path_factory.mktemp("cache")
+
+
 @pytest.fixture(autouse=True)
-def private_caches(tmp_path_factory, monkeypatch) -> None:
-    """Each test gets an empty outcome cache, and a flashinfer JIT cache root of its own
-    (patching flashinfer removes that version's JIT cache: never the machine's)."""
-    monkeypatch.setenv("SM120KIT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+def private_caches(request, session_cache, tmp_path_factory, monkeypatch) -> None:
+    """The session's warm sm120kit cache ($SM120KIT_CACHE_DIR; an empty one of its own for a
+    test marked cold_cache), and a flashinfer JIT cache root of each test's own (patching
+    flashinfer removes that version's JIT cache: never the machine's)."""
+    cold = request.node.get_closest_marker("cold_cache")
+    monkeypatch.setenv("SM120KIT_CACHE_DIR", str(tmp_path_factory.mktemp("cache") if cold else session_cache))
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path_factory.mktemp("flashinfer-home")))
+
+
+@pytest.fixture(autouse=True)
+def no_outcome_seed(monkeypatch) -> None:
+    """The shipped outcome seed (patches/outcomes.json) off: the tests exercise the
+    transforms, which the seed would answer for (tests/test_outcome_seed.py turns it on)."""
+    monkeypatch.setenv("SM120KIT_NO_OUTCOME_SEED", "1")
 
 
 @pytest.fixture
@@ -135,3 +160,49 @@ def tree_snapshot(root: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != "lock"
     }
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        found = tiers.needs(item)
+        for need in sorted(found):
+            item.add_marker(need)
+        if found:
+            item.add_marker("integration")
+
+
+@pytest.fixture(autouse=True)
+def fast_tier_guard(request, monkeypatch):
+    """A test left in the fast tier fails when it did what the tier promises it does not."""
+    if request.node.get_closest_marker("integration"):
+        yield
+        return
+    done: list[str] = []
+
+    def watch(owner, name: str, need: str) -> None:
+        original = getattr(owner, name)
+
+        @functools.wraps(original)
+        def watched(*args, **kwargs):
+            done.append(f"{need} ({getattr(owner, '__name__', owner)}.{name})")
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, watched)
+
+    import subprocess
+
+    from sm120kit.tune import aot
+
+    watch(subprocess.Popen, "__init__", "processes")
+    watch(os, "fork", "processes")
+    watch(os, "posix_spawn", "processes")
+    watch(wheels, "fetch", "wheels")
+    watch(wheels, "_pip_download", "wheels")
+    watch(aot, "compile_for", "triton")
+    yield
+    if done:
+        pytest.fail(
+            f"this test is in the fast tier but used {', '.join(dict.fromkeys(done))}: "
+            "teach tests/tiers.py to see it (its tables name what sm120kit's code hides)",
+            pytrace=False,
+        )

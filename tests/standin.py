@@ -1,6 +1,6 @@
 """Serving the sglang stand-in (TEST FIXTURE, fixtures/sglang_standin.py) with `sm120kit
 serve` in a process of its own, and the python that runs it (and the benchmark client
-stand-in): used by test_serve.py, test_bench.py and scripts/bench_serve.py."""
+stand-in): used by tests/serve/, test_bench.py and scripts/bench_serve.py."""
 
 from __future__ import annotations
 

@@ -343,15 +343,15 @@ def test_numbers_out_of_range_are_refused_before_anything_runs(cli, option, valu
 
 
 def test_a_client_key_that_would_break_the_header_is_refused_without_telling_it(monkeypatch):
-    from sm120kit.bench import client
+    from sm120kit import endpoint
     from sm120kit.errors import UserError
 
     secret = "sk-live-0123456789abcdef"
     monkeypatch.setenv("BENCH_KEY", secret + "\r")
     with pytest.raises(UserError) as info:
-        client.api_key("BENCH_KEY")
+        endpoint.api_key("BENCH_KEY")
     assert "$BENCH_KEY ends with a carriage return" in str(info.value) and secret not in str(info.value)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.setenv("API_KEY", secret + "\n")
     with pytest.raises(UserError, match="API_KEY ends with a newline"):
-        client.api_key(None)
+        endpoint.api_key(None)

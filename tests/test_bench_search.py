@@ -21,8 +21,8 @@ import pytest
 from standin import PROFILES, Served, make_env_python
 
 from sm120kit.bench.analysis import Level, verdict
-from sm120kit.bench.search import Outcome, VariantResult
 from sm120kit.bench.search_report import picks
+from sm120kit.bench.search_state import Outcome, VariantResult
 
 LOAD = {"load_s": 0.2, "warmup_s": 0.1, "shards": 2}
 CRASH = "RuntimeError: CUDA error: an illegal instruction was encountered"
@@ -328,8 +328,8 @@ def test_a_stop_that_leaves_a_process_ends_the_search(tmp_path, monkeypatch, cli
     """serve's stop proves what it left (exit code 3, UNCLEAN, and its `stopped` event): the
     search records it and stops there rather than start the next variant on a node that is
     not free. (The stand-in cannot outlive the supervisor's stop: the supervisor is its
-    subreaper and kills what left its tree, test_serve.py; so the variant's run is faked.)"""
-    from sm120kit.bench import search
+    subreaper and kills what left its tree, tests/serve/test_stop.py; so the variant's run is faked.)"""
+    from sm120kit.bench import search, search_events
     from sm120kit.bench.command import BenchOptions
     from sm120kit.bench.variants import Plan, Planned, Variant, VariantStatus
     from sm120kit.profiles.loader import load_profile
@@ -345,7 +345,7 @@ def test_a_stop_that_leaves_a_process_ends_the_search(tmp_path, monkeypatch, cli
     def fake(options, planned, vdir, target, progress, width, out):
         ran.append(planned.name)
         vdir.mkdir(parents=True)
-        stop = search._stop_from_events(search._events_since(events, 0), 3 if planned.name == "a" else 0)
+        stop = search_events.stop_from_events(search_events.events_since(events, 0), 3 if planned.name == "a" else 0)
         why = stop.get("said", "") if planned.name == "a" else ""
         result = VariantResult(planned.name, [], Outcome.DONE, why, [runs(4, [100.0])], stop=stop)
         (vdir / "variant.json").write_text(json.dumps(result.as_json()))
@@ -586,7 +586,7 @@ def test_a_gain_within_the_spread_of_the_threshold_is_said_to_be_within_noise():
 
 
 def test_a_crash_is_told_from_the_supervisor_record(tmp_path):
-    from sm120kit.bench.search import _crash_from_events, _events_since
+    from sm120kit.bench.search_events import crash_from_events, events_since
 
     events = tmp_path / "events.jsonl"
     refused = {
@@ -596,7 +596,7 @@ def test_a_crash_is_told_from_the_supervisor_record(tmp_path):
     }
     events.write_text(json.dumps(refused) + "\n")
     assert (
-        _crash_from_events(_events_since(events, 0), "did not get ready")[0]
+        crash_from_events(events_since(events, 0), "did not get ready")[0]
         == "refused by the preflight: ports: 30000 is in use by pid 7"
     )
     timeout = {
@@ -606,7 +606,7 @@ def test_a_crash_is_told_from_the_supervisor_record(tmp_path):
         "ready": False,
     }
     events.write_text(json.dumps(timeout) + "\n" + json.dumps({"event": "gave_up"}) + "\n")
-    why, diagnoses = _crash_from_events(_events_since(events, 0), "did not get ready")
+    why, diagnoses = crash_from_events(events_since(events, 0), "did not get ready")
     assert why == "gave up after 1 failed start(s); last: start timeout (loading weights): not generating after 5s"
     assert diagnoses == []
 

@@ -1,6 +1,6 @@
 """The command line as a new user meets it: what every command prints fits a terminal of
 100 columns, every `--help` has a description, help for its positionals and its exit
-codes, and the README's tables of options, exit codes and patches say what the parsers
+codes, and the docs' tables of options, exit codes and patches say what the parsers
 and `sm120kit patches` do."""
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from standin import make_env_python
 
 from sm120kit import report
 from sm120kit.cli import build_parser
+from sm120kit.patching import render
 from sm120kit.patching.registry import load_patches
 
 WIDTH = 100
-README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
 NVML_8_GPUS = ROOT / "tests" / "fixtures" / "doctor" / "rtx-pro-6000-x8.json"
 TRITON_LOG = (
     "triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 147456, "
@@ -209,7 +210,7 @@ def test_the_json_documents_keep_their_shape(tmp_path, cli):
     ],
 )
 def test_release_ranges_merge_into_one_span(ranges, span):
-    assert report.release_span(ranges) == span
+    assert render.release_span(ranges) == span
 
 
 def test_a_table_fits_its_width_by_wrapping_the_columns_allowed_to():
@@ -277,13 +278,14 @@ def test_declaring_the_commands_imports_no_library_module():
     assert out.strip() == ""
 
 
-# -- the README's claims -----------------------------------------------------------------
+# -- the docs' claims --------------------------------------------------------------------
 
 
-def readme_table(header: str) -> list[list[str]]:
-    """The cells of the README's table whose header line is `header`."""
+def docs_table(page: str, header: str) -> list[list[str]]:
+    """The cells of the table whose header line is `header` on the docs page `page`."""
+    text = (DOCS / page).read_text()
     rows = []
-    for line in README[README.index(header) :].splitlines()[2:]:
+    for line in text[text.index(header) :].splitlines()[2:]:
         if not line.startswith("|"):
             break
         rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
@@ -291,15 +293,15 @@ def readme_table(header: str) -> list[list[str]]:
 
 
 def commands_named(cell: str) -> set[str]:
-    """The commands a README cell names: `status`, `profile check`; "every command but `bench`"."""
+    """The commands a docs table's cell names: `status`, `profile check`; "every command but `bench`"."""
     named = {c for c in re.findall(r"`([^`]+)`", cell) if c in LEAVES}
     if cell.startswith("every command"):
         return set(LEAVES) - named
     return named
 
 
-def test_the_readme_says_which_command_takes_which_option():
-    rows = readme_table("| option | what | taken by |")
+def test_the_docs_say_which_command_takes_which_option():
+    rows = docs_table("commands.md", "| option | what | taken by |")
     assert len(rows) == 8
     for options, _, taken_by in rows:
         for option in re.findall(r"`(--[a-z-]+)", options):
@@ -307,10 +309,12 @@ def test_the_readme_says_which_command_takes_which_option():
             assert takes == commands_named(taken_by), option
 
 
-def readme_exit_codes() -> dict[str, set[int]]:
-    """Per command, the codes the README's exit-code table gives it (2 for bad input, always)."""
+def docs_exit_codes() -> dict[str, set[int]]:
+    """Per command, the codes the exit-code table of docs/exit-codes.md gives it (2 for bad input, always)."""
     codes: dict[str, set[int]] = {}
-    for commands, ok, findings, _always, other in readme_table("| command | 0 | 1 | 2 (besides bad input) | other |"):
+    for commands, ok, findings, _always, other in docs_table(
+        "exit-codes.md", "| command | 0 | 1 | 2 (besides bad input) | other |"
+    ):
         row = {0} if ok else set()
         row |= {1} if findings else set()
         row |= {2} | {int(c) for c in re.findall(r"(?:^|; )(\d+):", other)}
@@ -321,21 +325,21 @@ def readme_exit_codes() -> dict[str, set[int]]:
 
 
 @pytest.mark.parametrize("name", LEAVES)
-def test_the_readme_exit_codes_are_those_of_help(name):
+def test_the_docs_exit_codes_are_those_of_help(name):
     global_codes = {130, 141}  # Ctrl-C and a reader gone away: every command, said once
-    assert readme_exit_codes()[name] - global_codes == exit_codes(LEAVES[name]) - global_codes
+    assert docs_exit_codes()[name] - global_codes == exit_codes(LEAVES[name]) - global_codes
 
 
-def test_the_readme_patch_table_is_what_patches_prints():
-    rows = {r[0].strip("`"): r[1:4] for r in readme_table("| id | package | releases | fixed in | what |")}
+def test_the_docs_patch_table_is_what_patches_prints():
+    rows = {r[0].strip("`"): r[1:4] for r in docs_table("patches.md", "| id | package | releases | fixed in | what |")}
     patches = {p.id: p for p in load_patches()}
     assert set(rows) == set(patches)
     for patch_id, (package, releases, fixed_in) in rows.items():
         p = patches[patch_id]
         assert [package, releases, fixed_in] == [
             p.package,
-            report.release_span(r.versions for r in p.rewrites),
-            report.fixed_in_text(p),
+            render.release_span(r.versions for r in p.rewrites),
+            render.fixed_in_text(p),
         ], patch_id
 
 

@@ -50,7 +50,7 @@ def moe_node(tmp_path, monkeypatch):
     monkeypatch.delenv(CONFIG_DIR_ENV, raising=False)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
     monkeypatch.setattr(space, "search_space", lambda shape: [dict(FITS), dict(TOO_BIG)])
-    monkeypatch.setattr("sm120kit.tune.command._local_gpu_name", lambda: None)
+    monkeypatch.setattr("sm120kit.node.nvml.gpu_name_here", lambda: None)
     site = tmp_path / "site"
     wheels.install(site, "sglang", VERSION, MOE_MEMBERS)
     config = tmp_path / "kimi" / "config.json"

@@ -12,6 +12,8 @@ from sm120kit.target import resolve_target
 GATE = "sglang/srt/model_executor/model_runner.py"
 ONLY = ("--only", "sglang-moe-autotune-flashinfer-cutlass")
 
+pytestmark = pytest.mark.cold_cache  # each test counts the parses a cold cache makes
+
 
 @pytest.fixture
 def counted(monkeypatch):

@@ -661,12 +661,12 @@ def test_the_thread_smoker_says_whether_the_server_answered():
 
 
 def test_ps_says_a_starting_server_is_being_smoked():
-    from sm120kit import report
+    from sm120kit.serve.render import ps_row
 
     run = {"profile": "glm5-nvfp4", "status": "starting", "phase": "smoke", "running": True, "supervisor_pid": 1}
-    assert report.ps_row(run)[1] == "starting (smoke)"
-    assert report.ps_row({**run, "status": "ready"})[1] == "ready"  # the phase of the start is over
-    assert report.ps_row({**run, "phase": "loading weights 50% (2/4 shards)"})[1] == "starting"
+    assert ps_row(run)[1] == "starting (smoke)"
+    assert ps_row({**run, "status": "ready"})[1] == "ready"  # the phase of the start is over
+    assert ps_row({**run, "phase": "loading weights 50% (2/4 shards)"})[1] == "starting"
 
 
 def test_a_baseline_that_cannot_be_written_is_refused_before_any_request_and_leaves_nothing(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sm120kit import tryout
+from sm120kit.cli import main
 
 
 @pytest.mark.parametrize("lines_before_the_pipe_breaks", [0, 3, 40])
@@ -18,6 +19,6 @@ def test_a_reader_gone_mid_output_leaves_no_scratch_dir(tmp_path, lines_before_t
         printed.append(line)
 
     with pytest.raises(BrokenPipeError):
-        tryout.run(parent=tmp_path, echo=echo)
+        tryout.run(main, parent=tmp_path, echo=echo)
     assert len(printed) == lines_before_the_pipe_breaks
     assert list(tmp_path.iterdir()) == []

@@ -80,7 +80,7 @@ def node(tmp_path, monkeypatch, fit_cache):
         monkeypatch.setenv(key, value)
     monkeypatch.delenv(CONFIG_DIR_ENV, raising=False)
     monkeypatch.setattr(space, "search_space", lambda shape: [dict(c) for c in SLICE])
-    monkeypatch.setattr("sm120kit.tune.command._local_gpu_name", lambda: None)
+    monkeypatch.setattr("sm120kit.node.nvml.gpu_name_here", lambda: None)
     site = tmp_path / "site"
     wheels.install(site, "sglang", VERSION, MEMBERS)
     info = site / "triton-3.6.0.dist-info"
@@ -145,7 +145,6 @@ def test_tune_installs_the_winners_status_lists_them_unpatch_removes_them(node, 
     # candidate 2 (of the 3 that fit) is the fastest; the stand-in runs as the target's python
     monkeypatch.setenv("SM120KIT_STANDIN", json.dumps({"us": {"0": 300, "1": 200, "2": 50}, "devices": [SERVER]}))
     monkeypatch.setattr(timing, "time_candidates", functools.partial(timing.time_candidates, worker=STANDIN))
-    monkeypatch.setattr("platformdirs.user_cache_dir", lambda *a, **k: str(tmp_path / "user-cache"))
     profile = _profile("kimi-k2-int4-triton")
     target = resolve_target(site=str(site))
     options = TuneOptions(
@@ -215,7 +214,6 @@ def test_no_gpu_to_time_on_is_a_user_error_and_writes_nothing(node, tmp_path, mo
     before anything is timed or written."""
     site, config = node
     before = tree_snapshot(site)
-    monkeypatch.setattr("platformdirs.user_cache_dir", lambda *a, **k: str(tmp_path / "user-cache"))
     options = TuneOptions(batch_sizes=(1,), model_config=config, python=sys.executable, show_progress=False)
     with pytest.raises(UserError, match="no torch") as caught:
         tune_moe(options, _profile("kimi-k2-int4-triton"), resolve_target(site=str(site)))

@@ -34,16 +34,16 @@ from sm120kit.tune.install import (
     TuneMeta,
     install_table,
     install_tables,
-    installed_tables,
-    server_env_problem,
     table_bytes,
 )
+from sm120kit.tune.installed import installed_tables
 from sm120kit.tune.lookup import (
     CONFIG_DIR_ENV,
     LookupFailed,
     config_destination,
     config_file_name,
     config_module,
+    server_env_problem,
     table_for_device,
     what_sglang_loads,
 )

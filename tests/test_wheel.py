@@ -22,6 +22,7 @@ def installed(tmp_path_factory) -> Path:
     names = zipfile.ZipFile(wheel).namelist()
     assert "sm120kit/_shipped/patches/sglang/moe_autotune_flashinfer_cutlass.py" in names
     assert "sm120kit/_shipped/profiles/glm5-nvfp4.toml" in names
+    assert "sm120kit/_shipped/patches/outcomes.json" in names  # the outcome seed: a first check parses nothing
     assert "sm120kit/_shipped/profiles/variants/glm5-nvfp4.toml" in names  # bench --variants glm5-nvfp4
     assert not any(n.startswith("tests/") for n in names)
     venv = work / "venv"

@@ -12,8 +12,16 @@ from dataclasses import dataclass, field
 DEFAULT_THRESHOLD = 0.10  # a doubling that gains less than this is a plateau
 MAX_LEVEL = 1_000_000  # concurrent requests in one level (the profile model's MAX_REQUESTS)
 # The client's per-request lists (--output-details): read for the outputs' sample, not kept as figures.
-DETAILS = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors", "cached_tokens")
-DETAILS += ("cached_tokens_details",)
+DETAILS = (
+    "input_lens",
+    "output_lens",
+    "ttfts",
+    "itls",
+    "generated_texts",
+    "errors",
+    "cached_tokens",
+    "cached_tokens_details",
+)
 SAMPLED_OUTPUTS = 64  # generated texts of one client run read through the smoke's garbage detectors
 # A level whose sampled outputs are garbage past this share is not a result. Not any one: the
 # prompts are random token ids and the client ignores EOS, so a healthy model may loop or cut a
@@ -87,6 +95,14 @@ class Level:
         return self.figures.get("total_throughput") if self.figures else None
 
     @property
+    def measured_total(self) -> float:
+        """The total tok/s of a level known to have one (its callers keep only levels with a total)."""
+        total = self.total
+        if total is None:
+            raise ValueError(f"concurrency {self.concurrency} has no total tok/s")
+        return total
+
+    @property
     def totals(self) -> list[float]:
         """The total tok/s of each run that gave one (one run without --repeat)."""
         if self.runs:
@@ -98,6 +114,11 @@ class Level:
         """(lowest, highest) run's total tok/s: the spread; a single run is its own bounds."""
         totals = self.totals
         return (min(totals), max(totals)) if totals else None
+
+    @property
+    def measured_bounds(self) -> tuple[float, float]:
+        """bounds of a level known to have a total: its own total twice when it has no runs' spread."""
+        return self.bounds or (self.measured_total, self.measured_total)
 
     @property
     def spread(self) -> float | None:
@@ -151,15 +172,15 @@ def sample_outputs(doc: dict) -> dict | None:
 
 def merge_outputs(found: list[dict | None]) -> dict | None:
     """The samples of several runs of one level (--repeat), added up."""
-    found = [o for o in found if o]
-    if not found:
+    samples = [o for o in found if o]
+    if not samples:
         return None
-    counts = {name: sum(o["detectors"].get(name, 0) for o in found) for name in found[0]["detectors"]}
+    counts = {name: sum(o["detectors"].get(name, 0) for o in samples) for name in samples[0]["detectors"]}
     return {
-        "sampled": sum(o["sampled"] for o in found),
-        "flagged": sum(o["flagged"] for o in found),
+        "sampled": sum(o["sampled"] for o in samples),
+        "flagged": sum(o["flagged"] for o in samples),
         "detectors": counts,
-        "example": next((o["example"] for o in found if o["example"]), ""),
+        "example": next((o["example"] for o in samples if o["example"]), ""),
     }
 
 
@@ -171,9 +192,8 @@ def median_figures(runs: list[dict | None]) -> dict | None:
         return None
     merged = dict(ok[0])
     for key, value in ok[0].items():
-        numbers = [r.get(key) for r in ok]
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            numbers = [n for n in numbers if isinstance(n, (int, float)) and not isinstance(n, bool)]
+            numbers = [n for r in ok if isinstance(n := r.get(key), (int, float)) and not isinstance(n, bool)]
             merged[key] = statistics.median(numbers)
     return merged
 
@@ -197,8 +217,8 @@ class Verdict:
 
 def _step(a: Level, b: Level) -> tuple[float, float, float]:
     """(gain per doubling of the medians, lowest, highest gain the runs allow)."""
-    (a_lo, a_hi), (b_lo, b_hi) = a.bounds, b.bounds
-    gain = per_doubling(a.concurrency, a.total, b.concurrency, b.total)
+    (a_lo, a_hi), (b_lo, b_hi) = a.measured_bounds, b.measured_bounds
+    gain = per_doubling(a.concurrency, a.measured_total, b.concurrency, b.measured_total)
     low = per_doubling(a.concurrency, a_hi, b.concurrency, b_lo)
     high = per_doubling(a.concurrency, a_lo, b.concurrency, b_hi)
     return gain, min(low, gain), max(high, gain)
@@ -240,7 +260,7 @@ def verdict(levels: list[Level], threshold: float = DEFAULT_THRESHOLD, max_runni
             [*garbage, "too few levels with figures to judge the scaling (two or more needed)", *notes],
         )
     lines = []
-    best = max(ok, key=lambda lv: lv.total)
+    best = max(ok, key=lambda lv: lv.measured_total)
     steps = [(a, b, *_step(a, b)) for a, b in itertools.pairwise(ok)]
     flat_from = None
     for i in range(len(steps)):
@@ -256,8 +276,8 @@ def verdict(levels: list[Level], threshold: float = DEFAULT_THRESHOLD, max_runni
     if flat_from is not None:
         lines.append(
             f"{last_b.concurrency} vs {last_a.concurrency}: {last_gain:+.1%} — throughput has plateaued near "
-            f"{int(best.total):,} tok/s from concurrency {flat_from.concurrency} on (each doubling gains under "
-            f"{threshold:.0%}); the limit is not concurrency"
+            f"{int(best.measured_total):,} tok/s from concurrency {flat_from.concurrency} on "
+            f"(each doubling gains under {threshold:.0%}); the limit is not concurrency"
         )
     elif last_lo >= threshold:
         lines.append(
@@ -272,10 +292,11 @@ def verdict(levels: list[Level], threshold: float = DEFAULT_THRESHOLD, max_runni
         )
     lines.append(f"per doubling: {gains}")
     if repeated:
-        widest = max((lv for lv in ok if lv.spread is not None), key=lambda lv: lv.spread)
+        widest = max((lv for lv in ok if lv.spread is not None), key=lambda lv: lv.spread or 0.0)
+        low, high = widest.measured_bounds
         lines.append(
             f"each level: the median of {max(len(lv.totals) for lv in ok)} runs; spread = lowest .. highest run "
-            f"(widest at concurrency {widest.concurrency}: {widest.bounds[0]:,.1f} .. {widest.bounds[1]:,.1f} "
+            f"(widest at concurrency {widest.concurrency}: {low:,.1f} .. {high:,.1f} "
             f"tok/s, {widest.spread:.1%} of the median)"
         )
     return Verdict(flat_from.concurrency if flat_from else None, best, garbage + lines + notes)
@@ -289,7 +310,7 @@ def spread_text(level: Level) -> str:
     """ "900.1 .. 930.4 (3.3%)": the lowest and highest run's total tok/s; "-" for one run."""
     if level.spread is None:
         return "-"
-    low, high = level.bounds
+    low, high = level.measured_bounds
     return f"{low:,.1f} .. {high:,.1f} ({level.spread:.1%})"
 
 

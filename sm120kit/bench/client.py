@@ -14,16 +14,20 @@ import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sm120kit.bench.analysis import DETAILS, Level, median_figures, merge_outputs, sample_outputs
 from sm120kit.errors import UserError
 from sm120kit.urls import parse_http_url
 
+if TYPE_CHECKING:
+    from sm120kit.target import Distribution
+
 NEW_MODULE = "sglang.benchmark.serving"
 OLD_MODULE = "sglang.bench_serving"
 
 
-def client_module(sglang_dist) -> str:
+def client_module(sglang_dist: Distribution | None) -> str:
     """The client module the installed release has (its RECORD or, for an editable
     install, its files say; nothing is imported)."""
     path = "sglang/benchmark/serving.py"
@@ -84,25 +88,6 @@ class Sweep:
         if self.tokenizer:
             argv += ["--tokenizer", self.tokenizer]
         return argv
-
-
-def api_key(env_name: str | None) -> str | None:
-    """The key the server wants: the profile's variable; else the one sglang's client reads."""
-    from sm120kit.node.checks.serving import bad_key_char
-
-    names = [env_name] if env_name else ["OPENAI_API_KEY", "API_KEY"]
-    if env_name and not os.environ.get(env_name):
-        raise UserError(
-            f"the profile's server.api_key_env is {env_name}, but ${env_name} is empty or not set",
-            f"export {env_name}=<the key>",
-        )
-    name = next((n for n in names if os.environ.get(n)), None)
-    if name and (bad := bad_key_char(os.environ[name])):  # it would break the header, and the error would quote it
-        raise UserError(
-            f"${name} {bad}: a key is one word of printable ASCII",
-            f"set it to the key alone, e.g. export {name}=\"$(tr -d ' \\t\\r\\n' < KEYFILE)\"",
-        )
-    return os.environ[name] if name else None
 
 
 def check_reachable(url: str, key: str | None = None, timeout: float = 5.0) -> None:

@@ -9,11 +9,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from sm120kit import endpoint
 from sm120kit.bench import analysis, client, results
 from sm120kit.errors import UserError
 from sm120kit.exit_codes import ExitCode
+
+if TYPE_CHECKING:
+    from sm120kit.profiles.model import Profile
+    from sm120kit.quality.command import SmokeReport
+    from sm120kit.target import Target
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,7 @@ class Progress(Protocol):
 
     def smoke_started(self, url: str) -> None: ...
 
-    def smoke_done(self, report) -> None: ...
+    def smoke_done(self, report: SmokeReport) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,7 @@ class Comparison:
         }
 
 
-def _recorded_environment(target, patch_dirs: tuple[str, ...]) -> tuple[dict, list[dict]]:
+def _recorded_environment(target: Target, patch_dirs: tuple[str, ...]) -> tuple[dict, list[dict]]:
     """The versions and each patch's outcome in the client's environment, from the node's
     checks (bench's subset), to record with the results."""
     from sm120kit.node import registry, snapshot
@@ -101,7 +107,7 @@ def _recorded_environment(target, patch_dirs: tuple[str, ...]) -> tuple[dict, li
     return data.get("software", {}).get("versions", {}), data.get("patches", {}).get("findings", [])
 
 
-def run_smoke(profile, url: str, api_key: str | None):
+def run_smoke(profile: Profile | None, url: str, api_key: str | None) -> SmokeReport:
     """sm120kit smoke against the server at url (the profile's, or --url's): a SmokeReport."""
     from sm120kit.quality.command import SmokeOptions, options_for, smoke
 
@@ -111,8 +117,8 @@ def run_smoke(profile, url: str, api_key: str | None):
 
 def sweep(
     options: BenchOptions,
-    profile,
-    target,
+    profile: Profile | None,  # None: options.url's server, no profile's
+    target: Target,
     progress: Progress,
     server: contextlib.AbstractContextManager | None = None,
     smoke: dict | None = None,
@@ -131,14 +137,16 @@ def sweep(
     if options.url:  # a server of the user's: no profile to say its limits, model or key variable
         url, name = options.url, options.url.split("//")[-1].replace(":", "-")
         max_running = model = key_env = None
+    elif profile is None:
+        raise ValueError("a sweep needs options.url or a profile")  # bench loads one unless --url
     else:
-        from sm120kit.serve.probe import probe_host
+        from sm120kit.endpoint import probe_host
         from sm120kit.urls import http_url
 
         url = http_url(probe_host(profile.server.host), profile.server.port)
         name, max_running, model = profile.name, profile.engine.max_running_requests, profile.model.path
         key_env = profile.server.api_key_env
-    api_key = client.api_key(key_env)
+    api_key = endpoint.api_key(key_env)
     plan = client.Sweep(
         options.python or sys.executable,
         client.client_module(dist),

@@ -7,10 +7,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sm120kit import report
 from sm120kit.bench import analysis
-from sm120kit.bench.command import Comparison, SweepResult
+from sm120kit.bench.command import Comparison, Progress, SweepResult
+
+if TYPE_CHECKING:
+    from sm120kit.bench.search import SearchResult
+    from sm120kit.bench.search_estimate import Estimate
+    from sm120kit.bench.search_state import VariantResult
+    from sm120kit.bench.variants import Plan, Planned
+    from sm120kit.quality.command import SmokeReport
 
 # Columns of analysis.table_rows and analysis.compare_rows, as groups that fit 100 columns.
 SWEEP_GROUPS = ((0, 1, 2, 3, 4, 5, 12, 13), (0, 6, 7, 8, 9, 10, 11))  # throughput, done / failed; latency
@@ -42,7 +50,7 @@ class TextProgress:
     def smoke_started(self, url: str) -> None:
         self._say(f"smoke: is {url} answering right? (--no-smoke skips it)")
 
-    def smoke_done(self, report) -> None:
+    def smoke_done(self, report: SmokeReport) -> None:
         self._say(f"  {report.summary()}")
         for failure in report.failures:
             self._say(f"    {failure}")
@@ -53,22 +61,22 @@ class SearchProgress:
 
     def __init__(self, width: int | None, out=None) -> None:
         self.width, self.out = width, out or sys.stdout
-        self.sweep = TextProgress(width, self.out)
+        self.sweep: Progress = TextProgress(width, self.out)  # the search's Progress sets no narrower type
         self.directory = Path()
 
     def _say(self, text: str) -> None:
         print(report.wrap(text, self.width), file=self.out, flush=True)
 
-    def planned(self, plan, directory: Path, estimate) -> None:
+    def planned(self, plan: Plan, directory: Path, estimate: Estimate) -> None:
         self.directory = directory
         self._say(plan_text(plan, estimate, self.width))
         self._say(f"results in {directory}")
 
-    def resumed(self, result) -> None:
+    def resumed(self, result: VariantResult) -> None:
         again = "" if str(result.status) == "done" else f" (remove {self.directory / result.name} to run it again)"
         self._say(f"{result.name}: already {result.status} in this directory, not run again{again}")
 
-    def variant_started(self, number: int, count: int, planned) -> None:
+    def variant_started(self, number: int, count: int, planned: Planned) -> None:
         sets = " ".join(f"--set {w}" for w in planned.variant.sets) or "(the profile as written)"
         self._say(f"\n== variant {number}/{count}: {planned.name}  {sets}")
         for warning in planned.warnings:
@@ -77,10 +85,10 @@ class SearchProgress:
     def smoke_step(self, text: str) -> None:
         self._say(f"  smoke: {text}")
 
-    def smoke_done(self, report) -> None:
+    def smoke_done(self, report: SmokeReport) -> None:
         self.sweep.smoke_done(report)
 
-    def variant_done(self, result) -> None:
+    def variant_done(self, result: VariantResult) -> None:
         took = f" in {result.seconds:.0f} s" if result.seconds is not None else ""
         why = f": {result.why}" if result.why else ""
         self._say(f"== {result.name}: {result.status}{took}{why}{stop_note(result.stop)}")
@@ -99,7 +107,7 @@ def stop_note(stop: dict | None) -> str:
     return "; stopped clean" + (f", GPU memory released after {gpus:.1f} s" if gpus is not None else "")
 
 
-def plan_text(plan, estimate, width: int | None) -> str:
+def plan_text(plan: Plan, estimate: Estimate | None, width: int | None) -> str:
     """The variants (runnable, or skipped and why) and the estimated time."""
     named = plan.source != "--vary"  # a --vary variant's name is its settings already
     rows = [[p.name, str(p.status), *([" ".join(p.variant.sets) or "-"] if named else [])] for p in plan.variants]
@@ -116,7 +124,7 @@ def plan_text(plan, estimate, width: int | None) -> str:
     return "\n".join(lines)
 
 
-def search_text(result, width: int | None) -> str:
+def search_text(result: SearchResult, width: int | None) -> str:
     """The end of a search (or of `bench compare RUN_DIR`): the table and the verdicts."""
     from sm120kit.bench.search_report import table
 
@@ -165,7 +173,7 @@ def fitted(headers: list[str], rows: list[list[str]], groups, width: int | None)
 
 
 def sweep_text(result: SweepResult, width: int | None) -> str:
-    if result.interrupted:
+    if result.verdict is None:  # interrupted
         return f"interrupted: the {len(result.levels)} finished level(s) are kept in {result.directory}"
     headers, rows = analysis.table_rows(result.levels)
     groups = SWEEP_GROUPS if len(headers) <= 14 else ((*SWEEP_GROUPS[0], 14), SWEEP_GROUPS[1])

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from pathlib import Path
 
+from sm120kit.atomic_write import write_atomic
 from sm120kit.bench.analysis import COLUMNS, Level, Verdict, level_from_json, table_rows
 from sm120kit.errors import UserError
 
@@ -30,9 +30,7 @@ def write_run(directory: Path, meta: dict, levels: list[Level], verdict: Verdict
         "levels": [lv.as_json() for lv in levels],
         "verdict": verdict.lines if verdict else [],
     }
-    tmp = directory / f".{RUN_FILE}.tmp"  # a Ctrl-C mid-write must not leave a broken run.json
-    tmp.write_text(json.dumps(doc, indent=2))
-    os.replace(tmp, directory / RUN_FILE)
+    write_atomic(directory / RUN_FILE, json.dumps(doc, indent=2).encode())  # a Ctrl-C mid-write: the old run.json
     return doc
 
 
@@ -106,7 +104,7 @@ def write_plot(directory: Path, title: str, levels: list[Level]) -> str | None:
         ("output_throughput", "output"),
         ("max_output_tokens_per_s", "peak output"),
     ):
-        left.plot(xs, [lv.figures.get(key) for lv in ok], marker="o", label=label)
+        left.plot(xs, [(lv.figures or {}).get(key) for lv in ok], marker="o", label=label)
     left.set(xscale="log", xlabel="concurrency", ylabel="tok/s", title="throughput")
     left.set_xticks(xs, [str(x) for x in xs])
     left.legend()
@@ -116,7 +114,7 @@ def write_plot(directory: Path, title: str, levels: list[Level]) -> str | None:
         ("median_itl_ms", "ITL p50"),
         ("p99_itl_ms", "ITL p99"),
     ):
-        right.plot(xs, [lv.figures.get(key) for lv in ok], marker="o", label=label)
+        right.plot(xs, [(lv.figures or {}).get(key) for lv in ok], marker="o", label=label)
     right.set(xscale="log", yscale="log", xlabel="concurrency", ylabel="ms", title="latency")
     right.set_xticks(xs, [str(x) for x in xs])
     right.legend()

@@ -10,26 +10,15 @@ import shlex
 from pathlib import Path
 
 from sm120kit.bench.analysis import Level
-from sm120kit.bench.search import (
-    SEARCH_FILE,
-    VARIANT_FILE,
-    Outcome,
-    Pick,
-    SearchResult,
-    VariantResult,
-    read_json,
-)
+from sm120kit.bench.search import Pick, SearchResult
+from sm120kit.bench.search_state import SEARCH_FILE, VARIANT_FILE, Outcome, VariantResult, read_json
 from sm120kit.bench.variants import BASELINE, Plan, Planned, profile_snippet
 from sm120kit.errors import UserError
 
 
-def _bounds(level: Level) -> tuple[float, float]:
-    return level.bounds or (level.total, level.total)
-
-
 def _beats(a: Level, b: Level) -> bool:
     """a beats b by more than the spread: a's lowest run above b's highest."""
-    return _bounds(a)[0] > _bounds(b)[1]
+    return a.measured_bounds[0] > b.measured_bounds[1]
 
 
 def picks(results: list[VariantResult], repeated: bool) -> tuple[list[Pick], list[str]]:
@@ -55,18 +44,18 @@ def picks(results: list[VariantResult], repeated: bool) -> tuple[list[Pick], lis
     concurrencies = sorted({c for levels in swept.values() for c in levels})
     for c in [*concurrencies, None]:
         if c is None:
-            at = {n: max(levels.values(), key=lambda lv: lv.total) for n, levels in swept.items()}
+            at = {n: max(levels.values(), key=lambda lv: lv.measured_total) for n, levels in swept.items()}
         else:
             at = {n: levels[c] for n, levels in swept.items() if c in levels}
-        ranked = sorted(at.items(), key=lambda kv: kv[1].total, reverse=True)
+        ranked = sorted(at.items(), key=lambda kv: kv[1].measured_total, reverse=True)
         leader, top = ranked[0]
         where = f"concurrency {c}" if c is not None else "overall (each variant at its best level)"
         level_note = f" at concurrency {top.concurrency}" if c is None else ""
         text = f"{where}: {leader} {top.total:,.1f} tok/s{level_note}"
-        best = leader
+        best: str | None = leader
         if len(ranked) > 1:
             second, nxt = ranked[1]
-            gain = top.total / nxt.total - 1
+            gain = top.measured_total / nxt.measured_total - 1
             if _beats(top, nxt):
                 text += f", {gain:+.1%} over the next, {second}" + (
                     f" ({nxt.total:,.1f})" if second == BASELINE else ""
@@ -79,7 +68,7 @@ def picks(results: list[VariantResult], repeated: bool) -> tuple[list[Pick], lis
                 )
         base = at.get(BASELINE)
         if best is not None and leader != BASELINE and base is not None and ranked[1][0] != BASELINE:
-            gain = top.total / base.total - 1
+            gain = top.measured_total / base.measured_total - 1
             noise = "" if _beats(top, base) else ", within noise"
             text += f"; {gain:+.1%} over {BASELINE} ({base.total:,.1f}{noise})"
         elif best == BASELINE:
@@ -95,7 +84,7 @@ def picks(results: list[VariantResult], repeated: bool) -> tuple[list[Pick], lis
 
 
 def _span(level: Level) -> str:
-    low, high = _bounds(level)
+    low, high = level.measured_bounds
     return f"{low:,.1f} .. {high:,.1f}"
 
 
@@ -276,9 +265,9 @@ def write_plot(directory: Path, report: SearchResult) -> str | None:
     fig, ax = plt.subplots(figsize=(9, 5))
     for name, levels in curves:
         xs = [lv.concurrency for lv in levels]
-        ys = [lv.total for lv in levels]
-        lows = [lv.total - _bounds(lv)[0] for lv in levels]
-        highs = [_bounds(lv)[1] - lv.total for lv in levels]
+        ys = [lv.measured_total for lv in levels]
+        lows = [lv.measured_total - lv.measured_bounds[0] for lv in levels]
+        highs = [lv.measured_bounds[1] - lv.measured_total for lv in levels]
         ax.errorbar(xs, ys, yerr=[lows, highs], marker="o", capsize=3, label=name)
     xs = sorted({lv.concurrency for _, levels in curves for lv in levels})
     ax.set(xscale="log", xlabel="concurrency", ylabel="total tok/s", title=f"{report.plan.profile}: variants")

@@ -16,7 +16,6 @@ finished levels are kept."""
 from __future__ import annotations
 
 import contextlib
-import json
 import multiprocessing
 import os
 import signal
@@ -24,13 +23,22 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
 
 from sm120kit.errors import UserError, internal_error
 from sm120kit.exit_codes import ExitCode
 from sm120kit.serve import procs  # here, not in the child: procs resolves prctl (a dlopen), never after a fork
-from sm120kit.serve.command import serve
+from sm120kit.serve.command import ServeOptions, serve
+from sm120kit.serve.record_schema import event_line
 from sm120kit.serve.status import EventKind
+
+if TYPE_CHECKING:
+    from sm120kit.fleet.launch import FleetLaunch
+    from sm120kit.profiles.model import Profile
+    from sm120kit.profiles.render import Launch
+    from sm120kit.target import Target
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 READY_SLACK_S = 60.0  # past the profile's startup budget: the preflight and the supervisor's own start
@@ -52,13 +60,9 @@ class EventTail:
             return []
         complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next call
         self.offset += len(complete)
-        kinds = []
-        for line in complete.decode("utf-8", errors="replace").splitlines():
-            try:
-                kinds.append(EventKind(json.loads(line)["event"]))
-            except (ValueError, KeyError, TypeError):
-                continue  # a damaged line, or a kind this sm120kit does not know
-        return kinds
+        lines = complete.decode("utf-8", errors="replace").splitlines()
+        # a damaged line, or a kind this sm120kit does not know, is none of the kinds waited for
+        return [doc["event"] for line in lines if (doc := event_line(line)) is not None]
 
 
 class Served:
@@ -71,7 +75,7 @@ class Served:
         self.events = events
         self.exit_code: int | None = None
         self.ended_early = False
-        self.child = None  # the `sm120kit serve` child process
+        self.child: BaseProcess | None = None  # the `sm120kit serve` child process
 
     def alive(self) -> bool:
         """Its `sm120kit serve` is still running (a sweep against no server is pointless)."""
@@ -80,7 +84,14 @@ class Served:
 
 @contextlib.contextmanager
 def served(
-    profile, launch, target, options, width: int | None, out=None, debug: bool = False, handle: Served | None = None
+    profile: Profile,
+    launch: Launch | FleetLaunch,
+    target: Target,
+    options: ServeOptions,
+    width: int | None,
+    out: TextIO | None = None,
+    debug: bool = False,
+    handle: Served | None = None,
 ) -> Iterator[Served]:
     """Up until it generates (or a UserError: nothing was benchmarked), stopped after.
     What we and the server say goes to out (stdout; stderr while stdout carries JSON);
@@ -135,7 +146,7 @@ def _stop(child, out) -> int | None:
     return child.exitcode
 
 
-def _wait_ready(child, events: EventTail, profile, timeout: float) -> None:
+def _wait_ready(child: BaseProcess, events: EventTail, profile: Profile, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         kinds = events.new()
@@ -153,7 +164,16 @@ def _wait_ready(child, events: EventTail, profile, timeout: float) -> None:
         time.sleep(0.2)
 
 
-def _serve(parent: int, to_stderr: bool, profile, launch, target, options, width: int | None, debug: bool) -> None:
+def _serve(
+    parent: int,
+    to_stderr: bool,
+    profile: Profile,
+    launch: Launch | FleetLaunch,
+    target: Target,
+    options: ServeOptions,
+    width: int | None,
+    debug: bool,
+) -> None:
     """The child: serve's Python API, its exit code as the process's; an error, a bug or
     Ctrl-C ends it as `sm120kit serve` would end (cli.main)."""
     if to_stderr:

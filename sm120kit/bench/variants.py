@@ -37,9 +37,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sm120kit.errors import UserError
+
+if TYPE_CHECKING:
+    from sm120kit.profiles.model import Profile
+    from sm120kit.target import Target
 
 BASELINE = "as-written"
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
@@ -187,7 +191,9 @@ def profile_snippet(profile_name: str, sets: tuple[str, ...]) -> str:
 
 def split_values(text: str) -> list[str]:
     """ "512,1024" -> ["512", "1024"]; a comma inside quotes, [] or {} stays (TOML arrays)."""
-    items, depth, quote, current = [], 0, "", []
+    items: list[str] = []
+    current: list[str] = []
+    depth, quote = 0, ""
     for ch in text:
         if quote:
             quote = "" if ch == quote else quote
@@ -393,7 +399,7 @@ def plan(
     profile_dirs: list[str] | None,
     base_sets: list[str],
     variants: list[Variant],
-    target,
+    target: Target,
     python: str,
     source: str,
     written_for: str | None = None,
@@ -507,16 +513,18 @@ def _with_why(text: str, variant: Variant) -> str:
     return f"{text} ({variant.why})" if variant.why else text
 
 
-def _fingerprint(profile) -> str:
+def _fingerprint(profile: Profile) -> str:
     return json.dumps(profile.model_dump(mode="json", exclude={"name", "source"}), sort_keys=True)
 
 
 def load_variants(
-    args_vary: list[str] | None, args_variants: str | None, profile_dirs
+    args_vary: list[str] | None, args_variants: str | None, profile_dirs: list[str] | None
 ) -> tuple[list[Variant], str, str | None]:
     """(variants, source, the profile a file was written for) from --vary / --variants."""
     if args_vary:
         return vary_variants(args_vary), "--vary", None
+    if args_variants is None:
+        raise ValueError("load_variants needs --vary or --variants")  # bench checks one is given
     path = find_variants_file(args_variants, profile_dirs)
     found, meta = read_variants_file(path)
     return found, str(path), meta.get("profile")

@@ -17,9 +17,15 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
 from sm120kit.catalogue.survey import Condition, Failure, Survey
 from sm120kit.errors import UserError
+
+if TYPE_CHECKING:
+    from sm120kit.profiles.model import Profile
+    from sm120kit.profiles.render import Launch
+    from sm120kit.target import Target
 
 ALLOW_OPTION = "--allow-known-failure"
 
@@ -116,6 +122,7 @@ class Facts:
 
 def _holds(condition: Condition, facts: Facts) -> bool | None:
     """True, False, or None where the fact cannot be read."""
+    values: list[object]
     if condition.flag is not None:
         given, value = facts.flag(condition.flag)
         if condition.present is not None:
@@ -132,7 +139,7 @@ def _holds(condition: Condition, facts: Facts) -> bool | None:
         values = [facts.capability]
     if condition.matches is not None:
         return any(v is not None and re.search(condition.matches, str(v)) for v in values)
-    return any(v is not None and str(v) in condition.in_ for v in values)
+    return any(v is not None and str(v) in (condition.in_ or ()) for v in values)  # (`in` is set: no `matches`)
 
 
 def _dotted(doc: dict, key: str) -> object:
@@ -187,7 +194,12 @@ def warnings(judged: list[Judged]) -> list[str]:
 
 
 def check_launch(
-    profile, launch, target, patch_dirs: Sequence[str] = (), allowed: Sequence[str] = (), survey: Survey | None = None
+    profile: Profile,
+    launch: Launch,
+    target: Target,
+    patch_dirs: Sequence[str] = (),
+    allowed: Sequence[str] = (),
+    survey: Survey | None = None,
 ) -> list[Judged]:
     """The rules judged for one rendered launch of `profile` on `target`. An unknown id in
     `allowed` is a UserError."""
@@ -226,7 +238,7 @@ def _model_config(path: str | None) -> tuple[dict | None, str]:
     return config, ""
 
 
-def _outcome(target, patch_id: str, patch_dirs: Sequence[str]) -> str | None:
+def _outcome(target: Target, patch_id: str, patch_dirs: Sequence[str]) -> str | None:
     """The patch's outcome on the target: in place only when every file it applies to is."""
     from sm120kit.patching import planning
     from sm120kit.patching.registry import load_patches

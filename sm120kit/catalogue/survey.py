@@ -11,10 +11,11 @@ its own: its entries come first, and one with a shipped entry's id replaces it.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -22,13 +23,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from sm120kit.errors import UserError, problems
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
+else:
     import tomli as tomllib
 
 FILENAME = "known-failures.toml"
-PACKAGES = ("sglang", "flashinfer-python")
+Package = Literal["sglang", "flashinfer-python"]
+PACKAGES = get_args(Package)
 STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 Id = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9.-]*$", max_length=80)]
 Line = Annotated[str, Field(min_length=1, max_length=2000)]
@@ -102,7 +104,7 @@ class Condition(BaseModel):
         if self.matches is not None:
             return f"{subject} matches {self.matches!r}"
         default = f" (default {self.default})" if self.default is not None else ""
-        return f"{subject} in {{{', '.join(self.in_)}}}{default}"
+        return f"{subject} in {{{', '.join(self.in_ or ())}}}{default}"  # (`in` is set: the validator says so)
 
 
 class Rule(BaseModel):
@@ -125,7 +127,7 @@ class Failure(BaseModel):
 
     id: Id
     title: Line
-    package: Literal[PACKAGES]
+    package: Package
     affected: Line  # PEP 440 over the releases whose real code has the bug
     checked: Line  # the newest release whose code was read for this entry
     fixed_in: Line | None = None  # the first release with the fix; None: open
@@ -239,7 +241,9 @@ class Survey:
 def _where(path: Path, doc: dict, loc: tuple) -> str:
     """`failure[3] (trtllm-mla-prefill-sm120).rule.when[0].in` for a pydantic location."""
     if len(loc) >= 2 and loc[0] == "failure" and isinstance(loc[1], int):
-        entries = doc.get("failure") if isinstance(doc.get("failure"), list) else []
+        entries = doc.get("failure")
+        if not isinstance(entries, list):
+            entries = []
         entry = entries[loc[1]] if loc[1] < len(entries) else None
         name = f" ({entry['id']})" if isinstance(entry, dict) and isinstance(entry.get("id"), str) else ""
         rest = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[2:])

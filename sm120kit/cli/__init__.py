@@ -1,10 +1,12 @@
-"""The command line. One module per group of commands, each with `register(sub)`, which
-declares its commands with their options, help and exit codes (cli.args.command_parser),
-and one function per command, which takes the parsed options, calls the library, prints
-the result (sm120kit.report) or its --json document and returns an ExitCode. Heavy imports
-happen inside those functions so that `sm120kit --help` stays fast. `main` turns a user
-mistake into a message and exit 2 (a traceback only with --debug), Ctrl-C into 130 and a
-reader that went away (`| head`) into 141.
+"""The command line. One module per command or group of commands, named after the command
+(cli/patch.py also holds `status`, `unpatch`, `patches` and `known-failures`), each with
+`register(sub)`, which declares its commands with their options, help and exit codes
+(cli.args.command_parser), and one function per command, which takes the parsed options,
+calls the library, prints the result (its package's render module, over sm120kit.report)
+or its --json document and returns an ExitCode. Heavy imports happen inside those functions
+so that `sm120kit --help` stays fast. `main` turns a user mistake into a message and exit 2
+(a traceback only with --debug), Ctrl-C into 130 and a reader that went away (`| head`)
+into 141.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 from collections.abc import Iterator
 
 from sm120kit import __version__
-from sm120kit.cli import bench, deploy, doctor, patching, profiles, runs, serve, smoke, tryout, tune
+from sm120kit.cli import bench, diagnose, doctor, patch, profiles, ps, render, serve, smoke, tryout, tune
 from sm120kit.cli.args import Parser
 from sm120kit.exit_codes import ExitCode
 
@@ -39,7 +41,7 @@ def build_parser() -> Parser:
     )
     parser.add_argument("--version", action="version", version=f"sm120kit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for group in (tryout, patching, profiles, serve, deploy, smoke, bench, tune, doctor, runs):
+    for group in (tryout, patch, profiles, serve, render, smoke, bench, tune, doctor, ps, diagnose):
         group.register(sub)
     return parser
 

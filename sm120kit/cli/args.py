@@ -28,11 +28,13 @@ class Parser(argparse.ArgumentParser):
     def chosen(self, args: argparse.Namespace) -> argparse.ArgumentParser:
         """The (sub)command the parsed args name, `profile show` included: the parser whose
         usage an error in them belongs to."""
-        parser = self
+        parser: argparse.ArgumentParser = self
         while True:
             verbs = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
-            name = getattr(args, verbs.dest, None) if verbs and verbs.dest != argparse.SUPPRESS else None
-            if name not in getattr(verbs, "choices", {}):
+            if verbs is None or verbs.dest == argparse.SUPPRESS:
+                return parser
+            name = getattr(args, verbs.dest, None)
+            if not isinstance(name, str) or name not in verbs.choices:
                 return parser
             parser = verbs.choices[name]
 
@@ -48,7 +50,8 @@ class HelpFormatter(argparse.HelpFormatter):
 
         lines = []
         for line in text.splitlines():
-            lead = re.match(r"\s*(\d+\s+)?", line).group(0)  # "  130  ": an exit code's meaning starts after it
+            match = re.match(r"\s*(\d+\s+)?", line)  # matches every line: all of it is optional
+            lead = match.group(0) if match else ""  # "  130  ": an exit code's meaning starts after it
             lines += textwrap.wrap(
                 line,
                 width,

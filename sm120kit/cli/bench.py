@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, TextIO
 
 from sm120kit.cli.args import (
     allow_known_failure_arg,
@@ -15,6 +16,11 @@ from sm120kit.cli.args import (
 )
 from sm120kit.cli.profiles import render_for
 from sm120kit.exit_codes import ExitCode
+
+if TYPE_CHECKING:
+    from sm120kit.bench.command import BenchOptions
+    from sm120kit.profiles.model import Profile
+    from sm120kit.target import Target
 
 
 def register(sub) -> None:
@@ -276,7 +282,7 @@ def _serve_options(args):
     )
 
 
-def _served(args, profile, target, width: int | None, out):
+def _served(args, profile: Profile, target: Target, width: int | None, out: TextIO):
     """The context that runs the profile's server for the sweep (bench --serve)."""
     from sm120kit.bench.serving import served
 
@@ -284,11 +290,11 @@ def _served(args, profile, target, width: int | None, out):
     return served(profile, launch, target, _serve_options(args), width, out, debug=args.debug)
 
 
-def _search(args, options, target, width: int | None, out) -> int:
+def _search(args, options: BenchOptions, target: Target, width: int | None, out: TextIO) -> int:
     """bench --serve --vary / --variants: plan every variant (bad input raises before
     anything starts), then the dry run or the search."""
-    from sm120kit import report
-    from sm120kit.bench import client, render, search, variants
+    from sm120kit import endpoint, report
+    from sm120kit.bench import render, search, variants
 
     found, source, written_for = variants.load_variants(args.vary, args.variants, args.profile_dir)
     base_sets = list(args.sets or [])
@@ -304,7 +310,7 @@ def _search(args, options, target, width: int | None, out) -> int:
         args.patch_dir or (),
         args.allow_known_failure,
     ).with_serve_args(args.profile_dir, args.python)
-    client.api_key(plan.variants[0].profile.server.api_key_env)  # a missing key: before anything starts
+    endpoint.api_key(plan.variants[0].profile.server.api_key_env)  # a missing key: before anything starts
     if args.dry_run:
         result = search.dry_run(plan, options, options.out or search.default_directory(plan.profile), base_sets)
     else:

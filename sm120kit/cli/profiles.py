@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from sm120kit.cli.args import allow_known_failure_arg, command_parser, common_args, profile_args, target_args
 from sm120kit.exit_codes import ExitCode
+
+if TYPE_CHECKING:
+    from sm120kit.fleet.launch import FleetLaunch
+    from sm120kit.profiles.model import Profile
+    from sm120kit.profiles.render import Launch
+    from sm120kit.target import Target
 
 NAME_HELP = "a profile name (`sm120kit profiles` lists them) or the path of a .toml file"
 
@@ -137,7 +144,7 @@ def load_for(args):
     return profile, resolve_target(args.python, args.site)
 
 
-def require_known_patches(profile, patch_dirs: list[str] | None) -> None:
+def require_known_patches(profile: Profile, patch_dirs: list[str] | None) -> None:
     """Every id of the profile's `patches` is a patch's (--patch-dir, $SM120KIT_PATCH_PATH,
     the shipped ones): a UserError (exit 2) for one that is not, whether or not a check of
     the patches runs later (`profile check`, `serve --dry-run`, `--no-patch-check`)."""
@@ -150,7 +157,7 @@ def require_known_patches(profile, patch_dirs: list[str] | None) -> None:
     )
 
 
-def render_for(args, profile, target, router_optional: bool = False):
+def render_for(args, profile: Profile, target: Target, router_optional: bool = False) -> Launch | FleetLaunch:
     """The profile's launch rendered for the sglang installed in the target (--python /
     --site): what `profile check`, `serve` and `bench --serve` run. A fleet profile: its
     FleetLaunch (the replicas' launches and the router's argv; serve's --router-only and
@@ -159,13 +166,14 @@ def render_for(args, profile, target, router_optional: bool = False):
     from sm120kit.profiles.render import render
 
     python = args.python or ("python3" if args.site else sys.executable)
+    launch: Launch | FleetLaunch
     if profile.fleet is not None:
         from sm120kit.fleet.launch import Mode, render_fleet
 
         part = Mode.ROUTER_ONLY if getattr(args, "router_only", False) else Mode.ALL
         part = Mode.REPLICAS_ONLY if getattr(args, "replicas_only", False) else part
-        launch = render_fleet(profile, target, python, part, router_optional)
-        launches = list(launch.replicas.values())
+        fleet = render_fleet(profile, target, python, part, router_optional)
+        launch, launches = fleet, list(fleet.replicas.values())
     else:
         launch = render(profile, installed_schema(target), python)
         launches = [launch]
@@ -173,7 +181,7 @@ def render_for(args, profile, target, router_optional: bool = False):
     return launch
 
 
-def refuse_known_failures(args, profile, launches, target) -> None:
+def refuse_known_failures(args, profile: Profile, launches: list[Launch], target: Target) -> None:
     """The survey's launch rules over each rendered server (one, or a fleet's replicas): a
     known SM120 failure of the installed release that no applied patch covers is a
     UserError (exit 2) before anything loads; allowed and undecided ones become warnings."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from sm120kit.cli.args import (
     allow_known_failure_arg,
@@ -16,6 +17,12 @@ from sm120kit.cli.args import (
 from sm120kit.cli.profiles import load_for, render_for
 from sm120kit.errors import UserError
 from sm120kit.exit_codes import ExitCode
+
+if TYPE_CHECKING:
+    from sm120kit.fleet.launch import FleetLaunch
+    from sm120kit.profiles.model import Profile
+    from sm120kit.serve.command import ServeOptions
+    from sm120kit.target import Target
 
 
 def register(sub) -> None:
@@ -85,6 +92,7 @@ def register(sub) -> None:
 
 def cmd_serve(args) -> int:
     from sm120kit import report
+    from sm120kit.profiles.render import Launch
     from sm120kit.serve import command, preflight
 
     if args.site and not args.dry_run:
@@ -109,7 +117,7 @@ def cmd_serve(args) -> int:
         report.print_warnings(launch.warnings, args.wide)
         print(launch.shell())
         return ExitCode.OK
-    if profile.fleet is not None:
+    if not isinstance(launch, Launch):  # a fleet profile's: render_for gave its FleetLaunch
         return _serve_fleet(args, profile, launch, target, options)
     width = report.output_width(args.wide)
     if not args.check:
@@ -124,7 +132,7 @@ def cmd_serve(args) -> int:
     return checked.exit_code
 
 
-def _options(args, profile):
+def _options(args, profile: Profile) -> ServeOptions:
     from sm120kit.cli.args import check_range
     from sm120kit.serve.command import ServeOptions
 
@@ -147,7 +155,7 @@ def _options(args, profile):
     )
 
 
-def _serve_fleet(args, profile, fleet, target, options) -> int:
+def _serve_fleet(args, profile: Profile, fleet: FleetLaunch, target: Target, options: ServeOptions) -> int:
     """serve on a profile with a [fleet] table: the replicas here and the router."""
     from sm120kit import report
     from sm120kit.fleet import command

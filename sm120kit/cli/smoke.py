@@ -76,7 +76,7 @@ def _options(args):
     import re
     from pathlib import Path
 
-    from sm120kit.bench.client import api_key
+    from sm120kit.endpoint import api_key
     from sm120kit.errors import UserError
     from sm120kit.quality.command import MAX_BURST, MIN_BURST, SmokeOptions, options_for
     from sm120kit.urls import url_option

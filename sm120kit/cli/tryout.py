@@ -53,12 +53,14 @@ def cmd_try(args) -> int:
     from pathlib import Path
 
     from sm120kit import report, tryout
+    from sm120kit.cli import main
 
     def note(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
     width = report.output_width()
     cycle = tryout.run(
+        main,
         args.release,
         Path(args.dir) if args.dir else None,
         keep=args.keep,

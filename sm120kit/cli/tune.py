@@ -70,6 +70,7 @@ def cmd_tune_moe(args) -> int:
     from pathlib import Path
 
     from sm120kit import report
+    from sm120kit.node import nvml
     from sm120kit.profiles.loader import load_profile
     from sm120kit.target import resolve_target
     from sm120kit.tune import render
@@ -80,7 +81,7 @@ def cmd_tune_moe(args) -> int:
         batch_sizes=parse_batch_sizes(args.batch_sizes),
         budget_s=parse_budget(args.budget),
         gpus=parse_gpus(args.gpus),
-        device_name=args.device_name,
+        device_name=args.device_name or nvml.gpu_name_here(),
         config_dir=Path(args.config_dir) if args.config_dir else None,
         model_config=Path(args.model_config) if args.model_config else None,
         jobs=args.jobs,

@@ -21,8 +21,8 @@ from sm120kit.errors import UserError
 if TYPE_CHECKING:
     from sm120kit.profiles.model import Profile
 
-# TimeoutStopSec / docker's stop timeout past health.stop_timeout_s: the README's Serving
-# section (the drain, then the kill and the proof that nothing is left).
+# TimeoutStopSec / docker's stop timeout past health.stop_timeout_s: docs/serve.md
+# (the drain, then the kill and the proof that nothing is left).
 STOP_MARGIN_S = 45
 # Starts of the supervisor that systemd (or docker) makes before it gives up too: each start
 # is serve with its own crash-loop limit (health.max_restarts restarts of sglang) inside.

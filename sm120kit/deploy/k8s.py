@@ -36,9 +36,15 @@ from __future__ import annotations
 import math
 import re
 import shlex
+from typing import TYPE_CHECKING
 
 from sm120kit.errors import UserError
 from sm120kit.profiles.render import EnvRef, Launch
+
+if TYPE_CHECKING:
+    from sm120kit.fleet.plan import FleetPlan
+    from sm120kit.profiles.model import Profile
+    from sm120kit.target import Target
 
 GPU = "nvidia.com/gpu"
 LWS_API = "leaderworkerset.x-k8s.io/v1"
@@ -61,8 +67,8 @@ SERVER_CONTAINER = "sglang"
 
 
 def render_k8s(
-    profile,
-    target,
+    profile: Profile,
+    target: Target,
     python: str,
     image: str,
     namespace: str | None,
@@ -128,16 +134,16 @@ def dns_name(text: str) -> str:
     return out[:40].rstrip("-")  # room for "-router", "-replicas-N", LWS's "-G-W"
 
 
-def rendezvous_port(profile) -> int:
+def rendezvous_port(profile: Profile) -> int:
     """The port of parallel.dist_init_addr (the host is the leader pod's on Kubernetes); a
     UserError when there is none (the check systemd and docker make: deploy.require_rendezvous)."""
     from sm120kit.deploy import require_rendezvous
 
     require_rendezvous(profile)
-    return int(profile.parallel.dist_init_addr.rpartition(":")[2])
+    return int((profile.parallel.dist_init_addr or "").rpartition(":")[2])
 
 
-def _in_a_pod(profile):
+def _in_a_pod(profile: Profile) -> Profile:
     """The profile as a pod serves it: bound to 0.0.0.0 (replicas too), validated again so
     that a public bind without an API key is refused as `serve` refuses it."""
     from pydantic import ValidationError
@@ -162,7 +168,7 @@ def _in_a_pod(profile):
         ) from None
 
 
-def _render(profile, target, python: str) -> Launch:
+def _render(profile: Profile, target: Target, python: str) -> Launch:
     from sm120kit.profiles.flags import installed_schema
     from sm120kit.profiles.render import render
 
@@ -198,7 +204,7 @@ def entrypoint(patches: list[str], key_env: str | None, config_flag: bool) -> st
     return "\n".join(lines) + "\n"
 
 
-def argv_words(argv: list) -> list[str]:
+def argv_words(argv: list[str | EnvRef]) -> list[str]:
     """A launch's argv as pod args: the key stays "$NAME" (the entrypoint replaces it); a
     value's own "$" is written "$$", which kubelet turns back into "$" (it would read
     "$(X)" as a variable)."""
@@ -213,7 +219,16 @@ def _seconds(value: float) -> int:
 
 
 class _K8s:
-    def __init__(self, profile, image, namespace, secret, claim, host_path, shm_size) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        image: str,
+        namespace: str | None,
+        secret: str | None,
+        claim: str,
+        host_path: str | None,
+        shm_size: str,
+    ) -> None:
         self.p, self.image, self.namespace = profile, image, namespace
         self.base = dns_name(profile.name)
         self.secret = secret or f"{self.base}-api-key"
@@ -234,7 +249,7 @@ class _K8s:
         return labels
 
     def meta(self, name: str, labels: dict) -> dict:
-        meta = {"name": name}
+        meta: dict[str, object] = {"name": name}
         if self.namespace:
             meta["namespace"] = self.namespace
         meta["labels"] = labels
@@ -274,7 +289,7 @@ class _K8s:
         return probes
 
     def env(self, launch: Launch, drop: tuple[str, ...] = ()) -> list[dict]:
-        env = [{"name": k, "value": v} for k, v in sorted(launch.env.items()) if k not in drop]
+        env: list[dict[str, object]] = [{"name": k, "value": v} for k, v in sorted(launch.env.items()) if k not in drop]
         key_env = self.p.server.api_key_env
         if key_env:
             env.append({"name": key_env, "valueFrom": {"secretKeyRef": {"name": self.secret, "key": SECRET_KEY}}})
@@ -287,7 +302,7 @@ class _K8s:
         it answers HTTP, on port (default server.port: a fleet's replica has its own)."""
         hf_home = self.p.env.get("HF_HOME", HF_CACHE)
         key_env = self.p.server.api_key_env
-        container = {
+        container: dict[str, object] = {
             "name": SERVER_CONTAINER,
             "image": self.image,
             "command": [
@@ -328,7 +343,7 @@ class _K8s:
             return {"hostPath": {"path": self.host_path, "type": "Directory"}}
         return {"persistentVolumeClaim": {"claimName": self.claim}}
 
-    def router_argv(self, target, python: str, plan, urls: list[str]) -> list[str]:
+    def router_argv(self, target: Target, python: str, plan: FleetPlan, urls: list[str]) -> list[str]:
         """The router's argv (sm120kit.fleet.router.router_argv, as the fleet renders it) with
         the replicas' URLs. The router drops a --worker-urls worker that is not healthy within
         --worker-startup-timeout-secs, for good (sglang-router 0.3.2, run: "Failed job:
@@ -337,6 +352,7 @@ class _K8s:
         from sm120kit.fleet.router import read_router_schema, router_argv
 
         schema = read_router_schema(target)
+        assert schema is not None, "render_fleet refuses a target without sglang-router"
         options = dict(plan.router_options)
         if STARTUP_WINDOW in schema.options:
             options.setdefault(STARTUP_WINDOW, 2 * _seconds(self.p.health.startup_timeout_s))
@@ -370,7 +386,7 @@ class _K8s:
         service = self.service(self.base, labels, self.selector(labels), self.p.server.port)
         return [service, deployment]
 
-    def multi_node(self, target, python: str) -> list[dict]:
+    def multi_node(self, target: Target, python: str) -> list[dict]:
         port = rendezvous_port(self.p)
         addr = f"{LEADER}:{port}"  # kubelet's $(LWS_LEADER_ADDRESS), put in after argv_words escapes "$"
         parallel = self.p.parallel.model_copy(update={"node_rank": 0, "dist_init_addr": addr})
@@ -404,12 +420,13 @@ class _K8s:
         # behind LWS_LEADER_ADDRESS) only when none exists
         return [self.service(f"{self.base}-leader", labels, selector, self.p.server.port), lws]
 
-    def fleet(self, target, python: str) -> list[dict]:
+    def fleet(self, target: Target, python: str) -> list[dict]:
         from sm120kit.fleet.launch import render_fleet
 
         fleet = render_fleet(self.p, target, python)
         in_cluster = [r for r in fleet.plan.replicas if r.port is not None]  # not a url served elsewhere
         first = fleet.plan.here[0]
+        assert first.port is not None, "a replica served here has its port"
         launch = fleet.replicas[first.name]
         name, router_name = f"{self.base}-replicas", f"{self.base}-router"
         labels = self.labels(name, "server", version=launch.sglang)
@@ -436,7 +453,7 @@ class _K8s:
 
             router_argv = [python, "-m", "sm120kit.serve.scrub", ROUTER_KEY_ENV, "--", *router_with_key(router_argv)]
         rlabels = self.labels(router_name, "router", name="sglang-router", version=fleet.router_version)
-        router_container = {
+        router_container: dict[str, object] = {
             "name": "router",
             "image": self.image,
             "command": router_argv,

@@ -8,9 +8,13 @@ systemd does, a Secret's or a claim's name as Kubernetes does."""
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from sm120kit.errors import UserError
 from sm120kit.textcheck import control_char
+
+if TYPE_CHECKING:
+    from sm120kit.profiles.model import Profile
 
 # systemd's valid_user_group_name() without VALID_USER_RELAX (what it accepts without a
 # word; systemd 252 accepts more with "does not match strict user/group name rules"), plus
@@ -62,12 +66,12 @@ def k8s_name(option: str, value: str | None) -> str | None:
     return value
 
 
-def profile_values(profile) -> None:
+def profile_values(profile: Profile) -> None:
     """Every key and text value of the profile that a unit, compose file or manifest may
     carry (its model path, served name, env, extra_args, the router's options, ...) holds
     no control character: a UserError naming the key, otherwise."""
 
-    def walk(value, where: str) -> None:
+    def walk(value: object, where: str) -> None:
         if isinstance(value, dict):
             for key, inner in value.items():
                 inside = f"{where}.{key}" if where else str(key)
@@ -84,7 +88,7 @@ def profile_values(profile) -> None:
     walk({k: v for k, v in doc.items() if k not in NOT_WRITTEN}, "")
 
 
-def _bad_key(profile, what: str, bad: str) -> UserError:
+def _bad_key(profile: Profile, what: str, bad: str) -> UserError:
     return UserError(
         f"profile {profile.name} ({profile.source}): {what} holds {bad}, which a unit, compose file or "
         "manifest would take as the start of a new line (or not as written); nothing was rendered",

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sm120kit.errors import UserError
 from sm120kit.exit_codes import ExitCode
 from sm120kit.node import registry
 from sm120kit.node.check import Check, Status
 from sm120kit.node.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from sm120kit.node.checks.nccl import Request
+    from sm120kit.profiles.model import Profile
+    from sm120kit.target import Target
 
 
 @dataclass(frozen=True)
@@ -19,7 +25,7 @@ class DoctorOptions:
     patch_dirs: tuple[str, ...] = ()
     allowed_failures: frozenset[str] = frozenset()  # --allow-known-failure
     debug: bool = False  # a check that crashes raises, with its traceback
-    nccl: object | None = None  # --nccl: sm120kit.node.checks.nccl.Request (None: the check says SKIP)
+    nccl: Request | None = None  # --nccl (None: the check says SKIP)
 
 
 @dataclass(frozen=True)
@@ -49,7 +55,7 @@ class DoctorReport:
         }
 
 
-def doctor(options: DoctorOptions, profile, target) -> DoctorReport:
+def doctor(options: DoctorOptions, profile: Profile | None, target: Target) -> DoctorReport:
     """Doctor's checks of this node (or of options.root and options.nvml_file, recorded on
     another), the profile's needs judged when one is given. The report's exit_code is 0 when
     nothing failed (warnings allowed), 1 when something did."""

@@ -5,21 +5,28 @@ router's port), then the fleet in the foreground until a stop signal or giving u
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
+from sm120kit.endpoint import probe_host
 from sm120kit.exit_codes import ExitCode
 from sm120kit.fleet.launch import FleetLaunch
 from sm120kit.fleet.plan import ROUTER
 from sm120kit.node.check import Check, Status
 from sm120kit.serve import preflight
 from sm120kit.serve.command import ServeOptions, lock_run, metrics_served
-from sm120kit.serve.probe import probe_host
 from sm120kit.serve.rundir import RunRecord
+
+if TYPE_CHECKING:
+    from sm120kit.fleet.machine import Member
+    from sm120kit.fleet.plan import ReplicaPlan
+    from sm120kit.profiles.model import Profile
+    from sm120kit.target import Target
 
 SHARED_CHECKS = ("api key", "imports", "patches", "stale processes")  # once for the fleet
 REPLICA_CHECKS = ("gpus", "ports")  # for each replica served here
 
 
-def run_preflight(fleet: FleetLaunch, target, options: ServeOptions) -> preflight.Preflight:
+def run_preflight(fleet: FleetLaunch, target: Target, options: ServeOptions) -> preflight.Preflight:
     from sm120kit.node import registry, snapshot
     from sm120kit.node.checks.imports import entry_points
 
@@ -30,18 +37,18 @@ def run_preflight(fleet: FleetLaunch, target, options: ServeOptions) -> prefligh
     checks = [Check("profile", Status.OK, _rendered(fleet))]
     # a router alone loads no patch, runs no sglang: its key and its own imports
     shared = [c for c in SHARED_CHECKS if here or c in ("api key", "imports")]
-    first = here[0].profile if here else profile
+    first = here[0].served_profile if here else profile
     inputs = preflight.check_inputs(node, first, options, options.kill_stale, entry_points(fleet))
     checks += registry.run(tuple(shared), inputs, off)
     for r in here:
-        for c in registry.run(REPLICA_CHECKS, preflight.check_inputs(node, r.profile, options), off):
+        for c in registry.run(REPLICA_CHECKS, preflight.check_inputs(node, r.served_profile, options), off):
             checks.append(dataclasses.replace(c, id=f"{c.id} ({r.name})"))
     if fleet.router is not None:
         checks.append(_router_port(fleet))
     if options.metrics_port is not None:
         from sm120kit.node.checks.serving import port_plan
 
-        taken = {port: f"{r.name}'s {what}" for r in here for what, _, port in port_plan(r.profile)}
+        taken = {port: f"{r.name}'s {what}" for r in here for what, _, port in port_plan(r.served_profile)}
         taken |= {port: f"the router's {what}" for what, _, port in fleet.router_ports}
         checks.append(preflight.metrics_port(options.metrics_port, profile.server.host, taken))
     sglang = next(iter(fleet.replicas.values())).sglang if fleet.replicas else ""
@@ -76,7 +83,7 @@ def show_plan(fleet: FleetLaunch) -> None:
     print(f"preflight for fleet {fleet.plan.profile.name} ({fleet.mode.value}):", flush=True)
 
 
-def serve_fleet(fleet: FleetLaunch, target, options: ServeOptions, width: int | None) -> ExitCode:
+def serve_fleet(fleet: FleetLaunch, target: Target, options: ServeOptions, width: int | None) -> ExitCode:
     """As `serve` for one server: OK stopped on request and clean; FINDINGS gave up;
     ERROR refused; UNCLEAN something was left."""
     from sm120kit.fleet.supervisor import Fleet
@@ -90,7 +97,7 @@ def serve_fleet(fleet: FleetLaunch, target, options: ServeOptions, width: int | 
         if preflight.refused(checked, record, width):
             return ExitCode.ERROR
         replicas = [_replica_member(fleet, r, record, options) for r in fleet.plan.here if r.name in fleet.replicas]
-        router = _router_member(fleet, record) if fleet.router is not None else None
+        router = _router_member(fleet, fleet.router, record) if fleet.router is not None else None
         _forget_former_members(record, {m.name for m in [*replicas, *([router] if router else [])]})
         started = {m.url for m in replicas}
         remote = [r.url for r in fleet.plan.replicas if r.url not in started] if router else []
@@ -114,13 +121,13 @@ def _forget_former_members(record: RunRecord, names: set[str]) -> None:
             spec.unlink(missing_ok=True)
 
 
-def _policy(profile) -> dict:
+def _policy(profile: Profile) -> dict:
     from sm120kit.serve.machine import Policy
 
     return dataclasses.asdict(Policy.from_health(profile.health))
 
 
-def _replica_member(fleet: FleetLaunch, r, record: RunRecord, options: ServeOptions):
+def _replica_member(fleet: FleetLaunch, r: ReplicaPlan, record: RunRecord, options: ServeOptions) -> Member:
     from sm120kit.fleet.member import argv_refs, write_spec
     from sm120kit.fleet.supervisor import Member
     from sm120kit.node.checks.serving import port_plan
@@ -128,30 +135,31 @@ def _replica_member(fleet: FleetLaunch, r, record: RunRecord, options: ServeOpti
     launch = fleet.replicas[r.name]
     directory = record.dir / r.name
     directory.mkdir(mode=0o700, exist_ok=True)
-    ports = port_plan(r.profile)
+    profile = r.served_profile
+    ports = port_plan(profile)
     write_spec(
         directory,
-        name=r.profile.name,
+        name=profile.name,
         member=r.name,
         role="replica",
         argv=argv_refs(launch.argv),
         env=launch.env,
-        host=probe_host(r.profile.server.host),
+        host=probe_host(profile.server.host),
         port=r.port,
         ports=ports,
-        policy=_policy(r.profile),
-        api_key_env=r.profile.server.api_key_env,
+        policy=_policy(profile),
+        api_key_env=profile.server.api_key_env,
         key_file=launch.config_flag,
         check_gpus=options.gpu_check,
         gpus=list(r.gpus),
         url=r.url,
         probe_path="/health_generate",
-        smoke=_smoke(r.profile),
+        smoke=_smoke(profile),
     )
     return Member(r.name, "replica", directory, r.url, ports)
 
 
-def _smoke(profile) -> dict | None:
+def _smoke(profile: Profile) -> dict | None:
     """health.smoke's options for a replica (its own URL), without the key: the member
     takes that from its environment."""
     if not profile.health.smoke:
@@ -161,13 +169,13 @@ def _smoke(profile) -> dict | None:
     return {k: v for k, v in dataclasses.asdict(options_for(profile, api_key=None)).items() if k != "api_key"}
 
 
-def _router_refs(argv: list[str], key_env: str | None) -> list:
+def _router_refs(argv: list[str], key_env: str | None) -> list[str | dict[str, str]]:
     """The router's argv for member.json: its API key (the same as the replicas') as a
     reference that the member resolves from its environment."""
     return [*argv, "--api-key", {"env": key_env}] if key_env else list(argv)
 
 
-def _router_member(fleet: FleetLaunch, record: RunRecord):
+def _router_member(fleet: FleetLaunch, router_argv: list[str], record: RunRecord) -> Member:
     from sm120kit.fleet.member import write_spec
     from sm120kit.fleet.router import LIVENESS_PATH
     from sm120kit.fleet.supervisor import Member
@@ -181,7 +189,7 @@ def _router_member(fleet: FleetLaunch, record: RunRecord):
         name=f"{profile.name}/{ROUTER}",
         member=ROUTER,
         role="router",
-        argv=_router_refs(fleet.router, profile.server.api_key_env),
+        argv=_router_refs(router_argv, profile.server.api_key_env),
         env={},
         host=probe_host(layout.router_host),
         port=layout.router_port,

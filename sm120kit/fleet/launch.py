@@ -6,10 +6,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from sm120kit.errors import UserError
 from sm120kit.fleet.plan import FleetPlan, plan
 from sm120kit.profiles.render import Launch, render
+
+if TYPE_CHECKING:
+    from sm120kit.fleet.router import RouterSchema
+    from sm120kit.profiles.model import Profile
+    from sm120kit.target import Target
 
 
 class Mode(str, Enum):
@@ -60,12 +66,14 @@ class FleetLaunch:
             routed = ", ".join(r.name for r in self.plan.replicas)
             blocks.append(
                 f"# router (sglang-router {self.router_version}): {self.plan.router_url} -> {routed}, "
-                f"added as they become ready\n{Launch(self.router, {}, '').shell()}"
+                f"added as they become ready\n{Launch([*self.router], {}, '').shell()}"
             )
         return "\n\n".join(blocks)
 
 
-def render_fleet(profile, target, python: str, mode: Mode = Mode.ALL, router_optional: bool = False) -> FleetLaunch:
+def render_fleet(
+    profile: Profile, target: Target, python: str, mode: Mode = Mode.ALL, router_optional: bool = False
+) -> FleetLaunch:
     """The fleet's commands for the target's sglang and sglang-router; a UserError (exit 2,
     nothing started) for a layout or an option that cannot be. router_optional (`profile
     check`): without sglang-router in the target, the replicas alone, and a warning."""
@@ -83,18 +91,18 @@ def render_fleet(profile, target, python: str, mode: Mode = Mode.ALL, router_opt
             )
         schema = installed_schema(target)
         for r in layout.here:
-            replicas[r.name] = render(r.profile, schema, python)
+            replicas[r.name] = render(r.served_profile, schema, python)
         warnings += next(iter(replicas.values())).warnings
     router, version, router_ports = None, None, []
     if mode is not Mode.REPLICAS_ONLY:
-        schema = read_router_schema(target)
-        if schema is None and router_optional:
+        router_schema = read_router_schema(target)
+        if router_schema is None and router_optional:
             warnings.append(
                 f"sglang-router is not installed in {target.description}: the router's options were not checked "
                 f"(`serve` needs it: pip install 'sglang-router{SUPPORTED}')"
             )
             return FleetLaunch(layout, mode, replicas, None, None, [], warnings)
-        if schema is None:
+        if router_schema is None:
             raise UserError(
                 f"sglang-router is not installed in {target.description}: a fleet runs sglang's own router",
                 f"pip install 'sglang-router{SUPPORTED}' in the serving environment (or --replicas-only on a node "
@@ -102,22 +110,22 @@ def render_fleet(profile, target, python: str, mode: Mode = Mode.ALL, router_opt
             )
         router = router_argv(
             python,
-            schema,
+            router_schema,
             layout.router_options,
             host=layout.router_host,
             port=layout.router_port,
             worker_urls=[],
             source=profile.source,
         )
-        version = schema.version
-        router_ports = _router_ports(layout, schema)
+        version = router_schema.version
+        router_ports = _router_ports(layout, router_schema)
     return FleetLaunch(layout, mode, replicas, router, version, router_ports, warnings)
 
 
 ROUTER_PROMETHEUS_PORT = 29000  # the router's own --prometheus-port default (0.2.4-0.3.2): it always binds it
 
 
-def _router_ports(layout, schema) -> list[tuple[str, str, int]]:
+def _router_ports(layout: FleetPlan, schema: RouterSchema) -> list[tuple[str, str, int]]:
     """The router's ports: its HTTP port and its Prometheus exporter's, which it binds
     whether asked to or not (a second router on the node, or a replica there, would make
     it panic at start): both must be free, and no replica's."""
@@ -128,7 +136,7 @@ def _router_ports(layout, schema) -> list[tuple[str, str, int]]:
         exporter = layout.router_options.get("prometheus_port", ROUTER_PROMETHEUS_PORT)
         host = layout.router_options.get("prometheus_host", layout.router_host)
         ports.append(("fleet.router.prometheus_port", str(host), exporter))
-    taken = {port: f"{r.name}'s {what}" for r in layout.here for what, _, port in port_plan(r.profile)}
+    taken = {port: f"{r.name}'s {what}" for r in layout.here for what, _, port in port_plan(r.served_profile)}
     for what, _, port in ports[1:]:
         if port in taken or port == layout.router_port:
             profile = layout.profile

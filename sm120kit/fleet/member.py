@@ -14,6 +14,10 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sm120kit.profiles.render import EnvRef
 
 SPEC = "member.json"
 ROUTER_KEY_ENV = "SM120KIT_ROUTER_KEY"
@@ -27,7 +31,7 @@ ROUTER_WITH_KEY = (
 OUTPUT = "supervisor.out"  # the member supervisor's own lines; the fleet shows them
 
 
-def write_spec(directory: Path, **fields) -> None:
+def write_spec(directory: Path, **fields: object) -> None:
     """The member's spec (mode 0600: the environment may hold more than it should)."""
     path = directory / SPEC
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -35,7 +39,7 @@ def write_spec(directory: Path, **fields) -> None:
         json.dump(fields, fh, indent=2)
 
 
-def argv_refs(argv: list) -> list:
+def argv_refs(argv: list[str | EnvRef]) -> list[str | dict[str, str]]:
     """A launch's argv for member.json: an EnvRef as {"env": NAME}."""
     from sm120kit.profiles.render import EnvRef
 
@@ -68,12 +72,12 @@ def main(directory: str) -> int:
         return 1  # the fleet supervisor is gone already
     record = RunRecord(Path(directory))
     spec = json.loads((record.dir / SPEC).read_text())
-    argv = [EnvRef(a["env"]) if isinstance(a, dict) else a for a in spec["argv"]]
+    refs: list[str | EnvRef] = [EnvRef(a["env"]) if isinstance(a, dict) else a for a in spec["argv"]]
     env = {**os.environ, **spec["env"]}
     env.pop("SM120KIT_FLEET_PID", None)
     key_file = record.dir / KEY_FILE
     try:
-        argv, shown, key = resolve_argv(Launch(argv, {}, ""), env, key_file if spec["key_file"] else None)
+        argv, shown, key = resolve_argv(Launch(refs, {}, ""), env, key_file if spec["key_file"] else None)
         if spec["role"] == "router" and key:
             argv = key_from_environment(argv, env, key)
         server = ServerSpec(

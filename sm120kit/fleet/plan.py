@@ -12,14 +12,14 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sm120kit.endpoint import probe_host
 from sm120kit.errors import UserError
 from sm120kit.profiles.model import is_loopback
 from sm120kit.profiles.render import gpus_used
-from sm120kit.serve.probe import probe_host
 from sm120kit.urls import http_url, parse_http_url
 
 if TYPE_CHECKING:
-    from sm120kit.profiles.model import Profile
+    from sm120kit.profiles.model import Profile, Replica
 
 ROUTER = "router"
 
@@ -36,6 +36,13 @@ class ReplicaPlan:
     @property
     def visible_devices(self) -> str:
         return ",".join(map(str, self.gpus))
+
+    @property
+    def served_profile(self) -> Profile:
+        """The one-server profile of a replica served here (a ValueError for one served elsewhere)."""
+        if self.profile is None:
+            raise ValueError(f"{self.name} ({self.url}) is not served here: it has no one-server profile")
+        return self.profile
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,8 @@ def plan(profile: Profile, *, everything_elsewhere: bool = False) -> FleetPlan:
     from sm120kit.node.checks.serving import port_plan
 
     fleet, s = profile.fleet, profile.server
+    if fleet is None:
+        raise ValueError(f"profile {profile.name} has no [fleet] table: it is one server, not a fleet")
     if profile.parallel.nnodes > 1:
         raise _problem(
             profile,
@@ -97,10 +106,11 @@ def plan(profile: Profile, *, everything_elsewhere: bool = False) -> FleetPlan:
             f"fleet.gpus_per_replica = {size}, but each replica's server uses {counted} = {per_replica}",
             "make the parallel sizes describe one replica, or drop fleet.gpus_per_replica",
         )
-    entries = fleet.replica or [None] * fleet.replicas
+    entries: list[Replica | None] = [*fleet.replica] or [None] * (fleet.replicas or 0)  # one of them is given
     explicit = {g for e in entries if e is not None and e.gpus for g in _gpu_list(e.gpus)}
     spare = (g for g in range(10**6) if g not in explicit)
-    replicas, owner = [], {}
+    replicas: list[ReplicaPlan] = []
+    owner: dict[int, str] = {}  # GPU -> the replica served here that uses it
     for k, entry in enumerate(entries):
         name = f"replica-{k}"
         if entry is not None and entry.url:
@@ -111,11 +121,12 @@ def plan(profile: Profile, *, everything_elsewhere: bool = False) -> FleetPlan:
             raise _problem(
                 profile, f"{name} would take port {port}", "set server.port lower, or ports in [[fleet.replica]]"
             )
-        gpus = _gpu_list(entry.gpus) if entry is not None and entry.gpus else tuple(next(spare) for _ in range(size))
+        given = entry.gpus if entry is not None else None  # only given GPUs can be too many or twice one
+        gpus = _gpu_list(given) if given else tuple(next(spare) for _ in range(size))
         if len(gpus) != size:
             raise _problem(
                 profile,
-                f'{name}: fleet.replica[{k}].gpus = "{entry.gpus}" is {len(gpus)} GPU(s), but a replica uses {size}',
+                f'{name}: fleet.replica[{k}].gpus = "{given}" is {len(gpus)} GPU(s), but a replica uses {size}',
                 f"give each [[fleet.replica]] {size} GPU(s)",
             )
         node = entry.node if entry is not None else None
@@ -124,7 +135,7 @@ def plan(profile: Profile, *, everything_elsewhere: bool = False) -> FleetPlan:
             if len(set(gpus)) != len(gpus):
                 raise _problem(
                     profile,
-                    f'{name}: fleet.replica[{k}].gpus = "{entry.gpus}" names a GPU twice',
+                    f'{name}: fleet.replica[{k}].gpus = "{given}" names a GPU twice',
                     "give each replica GPUs of its own ([[fleet.replica]] gpus = ...)",
                 )
             for g in gpus:
@@ -139,7 +150,14 @@ def plan(profile: Profile, *, everything_elsewhere: bool = False) -> FleetPlan:
         else:
             url = http_url(node, port)
         replicas.append(
-            ReplicaPlan(name, url, gpus, port, here, _replica_profile(profile, name, gpus, port) if here else None)
+            ReplicaPlan(
+                name,
+                url,
+                gpus,
+                port,
+                here,
+                _replica_profile(profile, name, gpus, port, fleet.replica_host) if here else None,
+            )
         )
     if owner and max(owner) >= profile.node.gpus:
         g = max(owner)
@@ -158,7 +176,7 @@ def plan(profile: Profile, *, everything_elsewhere: bool = False) -> FleetPlan:
     result = FleetPlan(profile, replicas, router_host, router_port, options)
     taken = {router_port: "the router's (server.port)"}
     for r in result.here:
-        for what, _host, port in port_plan(r.profile):
+        for what, _host, port in port_plan(r.served_profile):
             if port in taken:
                 raise _problem(
                     profile,
@@ -170,10 +188,9 @@ def plan(profile: Profile, *, everything_elsewhere: bool = False) -> FleetPlan:
     return result
 
 
-def _replica_profile(profile: Profile, name: str, gpus: tuple[int, ...], port: int) -> Profile:
+def _replica_profile(profile: Profile, name: str, gpus: tuple[int, ...], port: int, host: str) -> Profile:
     """The one-server profile of a replica: the fleet profile on its GPUs and port, bound to
-    fleet.replica_host, without the fleet."""
-    fleet = profile.fleet
+    `host` (fleet.replica_host), without the fleet."""
     env = {**profile.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     return profile.model_copy(
         update={
@@ -181,8 +198,6 @@ def _replica_profile(profile: Profile, name: str, gpus: tuple[int, ...], port: i
             "name": f"{profile.name}/{name}",
             "env": env,
             "node": profile.node.model_copy(update={"gpus": len(gpus)}),
-            "server": profile.server.model_copy(
-                update={"host": fleet.replica_host, "port": port, "metrics_port": None}
-            ),
+            "server": profile.server.model_copy(update={"host": host, "port": port, "metrics_port": None}),
         }
     )

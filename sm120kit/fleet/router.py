@@ -39,14 +39,18 @@ import http.client
 import json
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from sm120kit.endpoint import probe_host
 from sm120kit.errors import UserError
-from sm120kit.serve.probe import probe_host
 from sm120kit.urls import http_url
+
+if TYPE_CHECKING:
+    from sm120kit.target import Target
 
 # The releases whose worker API and options were read, and which pass tests/test_router.py
 # (0.2.4, 0.3.0, 0.3.1 and 0.3.2: PYTHONPATH=<a site-packages holding one> pytest ...):
@@ -87,7 +91,7 @@ def _flag(node: ast.AST) -> str | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.JoinedStr):  # the formatted parts are the "router-" prefix
-        return "".join(p.value for p in node.values if isinstance(p, ast.Constant))
+        return "".join(str(p.value) for p in node.values if isinstance(p, ast.Constant))
     return None
 
 
@@ -101,11 +105,12 @@ def schema_from_source(version: str, source: str) -> RouterSchema:
         if not flag or not flag.startswith("--"):
             continue
         kw = {k.arg: k.value for k in node.keywords if k.arg}
-        action = kw["action"].value if isinstance(kw.get("action"), ast.Constant) else None
-        type_ = kw["type"].id if isinstance(kw.get("type"), ast.Name) else "str"
-        choices = None
-        if isinstance(kw.get("choices"), (ast.List, ast.Tuple)):  # a name (a parser registry): any value
-            choices = tuple(str(e.value) for e in kw["choices"].elts if isinstance(e, ast.Constant))
+        action_node, type_node, choices_node = kw.get("action"), kw.get("type"), kw.get("choices")
+        action = action_node.value if isinstance(action_node, ast.Constant) else None
+        type_ = type_node.id if isinstance(type_node, ast.Name) else "str"
+        choices: tuple[str, ...] | None = None
+        if isinstance(choices_node, (ast.List, ast.Tuple)):  # a name (a parser registry): any value
+            choices = tuple(str(e.value) for e in choices_node.elts if isinstance(e, ast.Constant))
         if action in ("store_true", "store_false"):
             kind = "switch"
         elif action == "append":
@@ -117,9 +122,9 @@ def schema_from_source(version: str, source: str) -> RouterSchema:
     return RouterSchema(version, options)
 
 
-def read_router_schema(target) -> RouterSchema | None:
-    """The installed sglang-router's options (target: sm120kit.target.Target), read from its
-    router_args.py; None when sglang-router is not installed there."""
+def read_router_schema(target: Target) -> RouterSchema | None:
+    """The installed sglang-router's options, read from its router_args.py; None when
+    sglang-router is not installed there."""
     dist = target.find("sglang-router")
     if dist is None:
         return None

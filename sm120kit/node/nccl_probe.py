@@ -133,7 +133,7 @@ def import_torch():
 
 def transports(log_dir: Path, pid: int) -> list[str]:
     """The transports NCCL's INFO log names for this process's channels (P2P/CUMEM, SHM/direct, ...)."""
-    found = set()
+    found: set[str] = set()
     for path in log_dir.glob(f"nccl.{pid}.log*"):
         try:
             text = path.read_text(errors="replace")

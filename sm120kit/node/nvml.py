@@ -55,6 +55,20 @@ def read_gpus() -> list[Gpu]:
     return NvmlDocument.model_validate(doc).gpus
 
 
+def gpus_here() -> list[Gpu]:
+    """read_gpus, or none where NVML cannot be read (no driver, no GPU)."""
+    try:
+        return read_gpus()
+    except NvmlUnavailable:
+        return []
+
+
+def gpu_name_here() -> str | None:
+    """GPU 0's name, which sglang's config tables are named for; None without a GPU or NVML."""
+    gpus = gpus_here()
+    return gpus[0].name if gpus else None
+
+
 def load(path: str) -> dict:
     """A recorded document: `sm120kit doctor --json`'s "nvml" object, or the object itself."""
     hint = "pass a file written by `sm120kit doctor --json`"

@@ -6,11 +6,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sm120kit.errors import UserError
 from sm120kit.node.check import Check, Status
 from sm120kit.node.checks import gpus, imports, known_failures, nccl, patches, serving, software, system
 from sm120kit.node.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from sm120kit.profiles.model import Profile
 
 
 @dataclass(frozen=True)
@@ -18,7 +22,7 @@ class CheckInputs:
     """What the checks look at: the node, the profile (if any) and the command's choices."""
 
     node: Snapshot
-    profile: object | None = None  # sm120kit.profiles.model.Profile
+    profile: Profile | None = None
     patch_dirs: tuple[str, ...] = ()
     patch_ids: tuple[str, ...] | None = None  # must be in place; None: survey every known patch
     allow_missing: frozenset[str] = frozenset()
@@ -31,7 +35,7 @@ class CheckInputs:
     runs: Callable[[], list[dict]] | None = None
     debug: bool = False  # --debug: a check that crashes raises, with its traceback
     running: frozenset[str] = frozenset()  # the ids run together (set by run())
-    nccl: object | None = None  # doctor --nccl: sm120kit.node.checks.nccl.Request; None: not asked
+    nccl: nccl.Request | None = None  # doctor --nccl; None: not asked
     # (python, module) of each program serve starts as `python -m MODULE`: what the imports check reads
     entry_points: tuple[tuple[str, str], ...] = ()
 

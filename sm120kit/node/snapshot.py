@@ -10,8 +10,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sm120kit.node.nvml_schema import Gpu, NvmlDocument
+
+if TYPE_CHECKING:
+    from sm120kit.target import Target
 
 
 @dataclass
@@ -19,7 +23,7 @@ class Snapshot:
     root: Path
     env: dict[str, str]  # the environment sm120kit runs in (a server gets the profile's on top)
     read_nvml: Callable[[], dict] = field(repr=False)  # the live reader, or a recorded document's
-    target: object | None = None  # the Python environment (sm120kit.target.Target)
+    target: Target | None = None  # the Python environment
 
     @functools.cached_property
     def nvml_document(self) -> dict:
@@ -50,7 +54,9 @@ class Snapshot:
             return []
 
 
-def live(target=None, pairs: bool = True, root: Path | None = None, nvml_document: dict | None = None) -> Snapshot:
+def live(
+    target: Target | None = None, pairs: bool = True, root: Path | None = None, nvml_document: dict | None = None
+) -> Snapshot:
     """This node: / (or root, a copy of another node's /proc and /sys), this process's
     environment, and the driver's NVML (read when first asked; without pairs, no P2P or
     topology matrix) or nvml_document, answers recorded by `doctor --json`."""

@@ -109,7 +109,7 @@ def verify(target: Target, patches: list[Patch]) -> list[str]:
         for key, entry in ledger.files.items():
             dist = target.find(entry.package)
             path = dist.file(entry.path) if dist else None
-            if path is None or not path.exists() or sha256(path.read_bytes()) != entry.patched_sha256:
+            if dist is None or path is None or not path.exists() or sha256(path.read_bytes()) != entry.patched_sha256:
                 problems.append(f"{key}: the bytes on disk are not the ones sm120kit recorded")
             elif ledger.backup(entry.vendor_sha256) is None:
                 problems.append(

@@ -14,15 +14,11 @@ import os
 from pathlib import Path
 
 from sm120kit import __version__
+from sm120kit.caches import cache_dir
 
 
 def _root() -> Path:
-    configured = os.environ.get("SM120KIT_CACHE_DIR")
-    if configured:
-        return Path(configured) / "outcomes"
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("sm120kit")) / "outcomes"
+    return cache_dir("outcomes")
 
 
 def key(*parts: str) -> str:

@@ -12,8 +12,8 @@ inside it, and swap it back in along the same path.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     import libcst
@@ -31,9 +31,10 @@ class _Libcst:
 
 cst: Any = _Libcst()
 Put = Callable[["libcst.FunctionDef"], "libcst.Module"]
+_T = TypeVar("_T")
 
 
-def _spliced(seq, index, new):
+def _spliced(seq: Sequence[_T], index: int, new: _T) -> list[_T]:
     return [*seq[:index], new, *seq[index + 1 :]]
 
 
@@ -43,12 +44,18 @@ def find_functions(module: libcst.Module, names: Iterable[str]) -> list[tuple[li
     found: list[tuple[libcst.FunctionDef, Put]] = []
     for i, stmt in enumerate(module.body):
         if isinstance(stmt, cst.FunctionDef) and stmt.name.value in names:
-            found.append((stmt, lambda new, i=i: module.with_changes(body=_spliced(module.body, i, new))))
+
+            def put_top(new: libcst.FunctionDef, i: int = i) -> libcst.Module:
+                return module.with_changes(body=_spliced(module.body, i, new))
+
+            found.append((stmt, put_top))
         elif isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock):
             for j, inner in enumerate(stmt.body.body):
                 if isinstance(inner, cst.FunctionDef) and inner.name.value in names:
 
-                    def put(new, i=i, j=j, cls=stmt):
+                    def put(
+                        new: libcst.FunctionDef, i: int = i, j: int = j, cls: libcst.ClassDef = stmt
+                    ) -> libcst.Module:
                         block = cls.body.with_changes(body=_spliced(cls.body.body, j, new))
                         return module.with_changes(body=_spliced(module.body, i, cls.with_changes(body=block)))
 

@@ -23,12 +23,12 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sm120kit import __version__, shallow_json
+from sm120kit.atomic_write import TMP_SUFFIX, write_atomic
 from sm120kit.errors import UserError
 
 STATE_DIR = ".sm120kit"
@@ -36,7 +36,6 @@ STATE_DIR = ".sm120kit"
 # an older sm120kit keeps reading it; one with them says "upgrade sm120kit" there, not "damaged".
 SCHEMA = 2
 SCHEMAS = (1, 2)
-TMP_SUFFIX = ".sm120kit-tmp"
 # Where tune-moe may write: a table in a configs/triton_*/ directory, below sglang's MoE
 # layers in the package, or at the top of a config dir ($SGLANG_MOE_CONFIG_DIR).
 TABLE_IN_CONFIG_DIR = re.compile(r"configs/triton_[^/]+/E=[^/]+\.json")
@@ -53,46 +52,6 @@ def is_table_path(path: str, root: str) -> bool:
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Temp file in the same directory, fsync, keep mode bits and owner, os.replace. A
-    failure (EIO, ENOSPC, out of inodes) is an OSError that names `path`, not its temp file."""
-    try:
-        _write_atomic(path, data)
-    except OSError as exc:
-        if exc.filename == str(path):
-            raise
-        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    st = path.stat() if path.exists() else None
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if st is None:  # a new file gets the usual mode, not mkstemp's 0600
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
-        else:
-            os.chmod(tmp, st.st_mode & 0o7777)
-            with contextlib.suppress(OSError):
-                os.chown(tmp, st.st_uid, st.st_gid)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
 
 @dataclass
@@ -267,7 +226,7 @@ class Ledger:
 
     def collect_backups(self) -> None:
         """Remove the backups no ledger entry needs (after a committed run)."""
-        keep = {e.vendor_sha256 for e in (*self.files.values(), *self.tuned.values())}
+        keep = {e.vendor_sha256 for e in self.files.values()} | {e.vendor_sha256 for e in self.tuned.values()}
         backups = self.state_dir / "backups"
         if backups.is_dir() and not backups.is_symlink():
             for path in backups.iterdir():

@@ -281,7 +281,7 @@ def _plan_file(
         relpath,
         before,
         after,
-        vendor_sha256=entry.vendor_sha256 if ours else file.digest,
+        vendor_sha256=entry.vendor_sha256 if entry and ours else file.digest,
         needs_backup=not ours,
     )
     return result

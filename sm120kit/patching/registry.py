@@ -33,6 +33,8 @@ def _load_module(path: Path) -> Patch:
     name = "sm120kit_patch_" + "_".join(path.with_suffix("").parts[-2:]).replace("-", "_")
     spec = importlib.util.spec_from_file_location(name, path)
     try:
+        if spec is None or spec.loader is None:  # (a .py file always has both)
+            raise ImportError(f"no loader for {path.name}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses and libcst need the module registered
         spec.loader.exec_module(module)

@@ -2,14 +2,16 @@
 
 Each file is proven against RECORD (or, for an editable install, the bytes seen before
 patching); the file's other patches are re-applied to the original. Without --only, the
-MoE config tables tune-moe installed go too (sm120kit/tune/install.py), in the same
-transaction. Nothing is written if any file cannot be restored.
+changes of other commands that the ledger records go too, in the same transaction: the
+MoE config tables tune-moe installed, through the TrackedChange that sm120kit.tune.removal
+registers (patching imports no command). Nothing is written if any file cannot be restored.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -57,6 +59,28 @@ class Restore:
         }
 
 
+@dataclass(frozen=True)
+class TrackedChange:
+    """Files another command writes through patching's lock, transaction and ledger, as
+    unpatch takes them out. That command's package registers it (`register`)."""
+
+    name: str  # e.g. "tune-moe"
+    sites: Callable[[Target], set[Path]]  # whose ledgers hold its files (locked with the others)
+    # (target, the ledgers as they will be written, --force) -> (rows, writes, warnings); updates the ledgers
+    plan_removal: Callable[
+        [Target, Mapping[Path, Ledger], bool], tuple[list[Restore], list[transaction.FileWrite], list[str]]
+    ]
+
+
+TRACKED: list[TrackedChange] = []
+
+
+def register(change: TrackedChange) -> None:
+    """unpatch (without --only) takes `change`'s files out too. Registering twice is once."""
+    if all(c.name != change.name for c in TRACKED):
+        TRACKED.append(change)
+
+
 @dataclass
 class Unpatched:
     rows: list[Restore] = field(default_factory=list)
@@ -79,11 +103,14 @@ def unpatch(
     request = _Request(target, patches, only if only is not None else {p.id for p in patches}, force, only is None)
     sites = {d.site for p in patches if p.id in request.wanted and (d := target.find(p.package))}
     if request.tables:
-        from sm120kit.tune.install import removal_sites
-
-        sites |= removal_sites(target)
+        for change in TRACKED:
+            sites |= change.sites(target)
+    # a dry run takes no lock and finishes no interrupted run: it recovers nothing
+    guard: contextlib.AbstractContextManager[list[str]] = (
+        writing.locked(target, sites, patches) if not dry_run else contextlib.nullcontext([])
+    )
     try:
-        with writing.locked(target, sites, patches) if not dry_run else contextlib.nullcontext([]) as recovered:
+        with guard as recovered:
             result, ledgers, writes = _plan_unpatch(request, sites)
             result.warnings[:0] = recovered
             if dry_run:
@@ -104,7 +131,8 @@ def unpatch(
     restored = [r for r in result.rows if r.outcome is RestoreOutcome.WOULD_RESTORE]
     for row in restored:
         row.outcome = RestoreOutcome.RESTORED
-    warnings, removed = writing.drop_jit_caches({target.find(r.package) for r in restored}, keep_jit_cache)
+    restored_dists = {d for r in restored if (d := target.find(r.package))}
+    warnings, removed = writing.drop_jit_caches(restored_dists, keep_jit_cache)
     result.warnings += warnings
     result.jit_cache_removed += removed
     return result
@@ -116,7 +144,7 @@ class _Request:
     patches: list[Patch]  # every loaded patch
     wanted: set[str]  # the ids to take out
     force: bool
-    tables: bool = False  # the tuned MoE config tables too
+    tables: bool = False  # the TRACKED changes too (tune-moe's tables)
 
     @cached_property
     def by_id(self) -> dict[str, Patch]:
@@ -133,7 +161,9 @@ class _FileRestore:
     entry: FileEntry | None = None  # or is replaced by this one (other patches re-applied)
 
 
-def _plan_unpatch(request: _Request, sites: set[Path]):
+def _plan_unpatch(
+    request: _Request, sites: set[Path]
+) -> tuple[Unpatched, dict[Path, Ledger], list[transaction.FileWrite]]:
     """(the rows, the ledgers as they will be, the file writes) of an unpatch."""
     ledgers = {s: Ledger.load(s) for s in sorted(sites)}
     planned = [
@@ -153,14 +183,10 @@ def _plan_unpatch(request: _Request, sites: set[Path]):
         ledger.forget_allowances(request.wanted)
     writes = [p.write for _, _, p in planned if p.write is not None]
     if request.tables:
-        from sm120kit.tune.install import CHANGE, plan_removal
-
-        sglang = request.target.find("sglang")
-        removals, warnings = plan_removal(request.target, ledgers, request.force)
-        for r in removals:
-            version = sglang.version if sglang else "-"
-            rows.append(Restore("sglang", version, r.path, [CHANGE], RestoreOutcome(r.outcome), r.detail))
-            writes += [r.write] if r.write else []
+        warnings: list[str] = []
+        for change in TRACKED:
+            removed, written, said = change.plan_removal(request.target, ledgers, request.force)
+            rows, writes, warnings = rows + removed, writes + written, warnings + said
         return Unpatched(rows, warnings), ledgers, writes
     return Unpatched(rows), ledgers, writes
 
@@ -173,7 +199,7 @@ def _plan_restore(request: _Request, ledger: Ledger, entry: FileEntry) -> _FileR
     current = read_entry(ledger, path)
     recorded = dist.recorded_sha256(entry.path) if dist else None
     digest = sha256(current) if current is not None else None
-    if digest is None or digest in (recorded, entry.vendor_sha256):
+    if path is None or digest is None or digest in (recorded, entry.vendor_sha256):  # no path: no file, no digest
         row.outcome, row.detail = RestoreOutcome.PRISTINE, "already the vendor's bytes (reinstalled or upgraded)"
         return _FileRestore(row, forget=True)
     if digest != entry.patched_sha256 and not request.force:
@@ -262,6 +288,7 @@ def unrecorded_rows(target: Target, result: Plan) -> list[Restore]:
         if f.outcome not in (Outcome.ALREADY_APPLIED, Outcome.OUTDATED) or f.path is None:
             continue
         dist = target.find(f.patch.package)
+        assert dist is not None, "applied code is in an installed package"
         ledger = result.ledgers.get(dist.site) or Ledger(dist.site)
         if dist.key(f.path) in ledger.files:
             continue

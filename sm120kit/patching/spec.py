@@ -189,8 +189,8 @@ class Patch:
     def current_rewrites(self) -> tuple[Rewrite, ...]:
         """The rewrites that reach the top of the window (the others were superseded by a
         moved file or ended with their code): past the window, these run by shape."""
-        tops = [r.upper for r in self.rewrites]
-        if not tops or any(t is None for t in tops):
+        tops = [r.upper for r in self.rewrites if r.upper is not None]
+        if not tops or len(tops) < len(self.rewrites):  # none, or one without a top: no window to be past
             return ()
         top = max(tops, key=lambda b: (b[0], b[1]))
         return tuple(r for r in self.rewrites if r.upper == top)
@@ -202,11 +202,11 @@ class Patch:
     @cached_property
     def window(self) -> str:
         """The proven releases: "0.5.9–0.5.23" for an inclusive top, else the specifiers."""
-        lows = [r.lower for r in self.rewrites]
-        low = str(min(lows)) if lows and None not in lows else None
-        if not self.current_rewrites:
+        lows = [r.lower for r in self.rewrites if r.lower is not None]
+        low = str(min(lows)) if lows and len(lows) == len(self.rewrites) else None
+        if self._top is None:
             return f">={low}" if low else "any release"
-        top, inclusive = self.current_rewrites[0].upper
+        top, inclusive = self._top
         if inclusive:
             return f"{low}–{top}" if low else f"up to {top}"
         return f">={low},<{top}" if low else f"<{top}"
@@ -214,7 +214,12 @@ class Patch:
     @cached_property
     def last_proven(self) -> str | None:
         """The newest release the window names (only an inclusive bound names one)."""
-        if not self.current_rewrites:
+        if self._top is None:
             return None
-        top, inclusive = self.current_rewrites[0].upper
+        top, inclusive = self._top
         return str(top) if inclusive else None
+
+    @property
+    def _top(self) -> tuple[Version, bool] | None:
+        """The window's top bound, the current rewrites' (None: no window)."""
+        return self.current_rewrites[0].upper if self.current_rewrites else None

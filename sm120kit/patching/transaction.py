@@ -30,12 +30,14 @@ import glob
 import json
 import os
 import shutil
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from sm120kit import __version__, shallow_json
+from sm120kit.atomic_write import TMP_SUFFIX, write_atomic
 from sm120kit.errors import UserError, record_change
-from sm120kit.patching.ledger import TMP_SUFFIX, Ledger, sha256, write_atomic
+from sm120kit.patching.ledger import Ledger, sha256
 
 JOURNAL = "journal.json"
 
@@ -58,7 +60,7 @@ def journal_path(site: Path) -> Path:
     return Ledger(site).state_dir / JOURNAL
 
 
-def pending(sites) -> list[Path]:
+def pending(sites: Iterable[Path]) -> list[Path]:
     """The journals an interrupted run left behind."""
     return [p for site in sites if (p := journal_path(site)).exists()]
 
@@ -109,6 +111,7 @@ def commit(ledgers: dict[Path, Ledger], writes: list[FileWrite], op: str) -> Non
             write_atomic(ledgers[site].path, docs[site])
             committed.append(site)
     except OSError as exc:
+        assert failed is not None, "each write names its file before it starts"
         states = _roll_back(touched, sites, {site: ledgers[site] for site in committed})
         raise _write_error(exc, failed, states, writes) from None
     # The commit point: from here on the change stands, and a failure says so (exit 4).
@@ -182,7 +185,7 @@ def _roll_back(touched: list[FileWrite], sites: list[Path], committed: dict[Path
     return states
 
 
-def _write_error(exc: OSError, failed, states: dict[Path, str], writes: list[FileWrite]) -> UserError:
+def _write_error(exc: OSError, failed: str | Path, states: dict[Path, str], writes: list[FileWrite]) -> UserError:
     lines = [f"writing {failed} failed ({_reason(exc)})"]
     if exc.errno == errno.ENOSPC:
         lines[0] += f": the disk holding it, {_mount_point(Path(failed).parent)}, is full ({_free(Path(failed))} free)"
@@ -209,7 +212,7 @@ def _free(path: Path) -> str:
     return "?"
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -272,7 +275,7 @@ def _fsync_dir(path: Path) -> None:
 # -- recovering -----------------------------------------------------------------------------
 
 
-def recover(site: Path, resolve) -> list[str]:
+def recover(site: Path, resolve: Callable[[str, str], Path | None]) -> list[str]:
     """Finish what an interrupted run left in `site` (call under the lock). `resolve(package,
     relpath)` gives the file's path inside the target, or None. Returns what was done. A
     write that fails meanwhile leaves the journal for the next run, and says so."""
@@ -288,7 +291,7 @@ def recover(site: Path, resolve) -> list[str]:
         ) from None
 
 
-def _recover(site: Path, resolve) -> list[str]:
+def _recover(site: Path, resolve: Callable[[str, str], Path | None]) -> list[str]:
     ledger = Ledger(site)
     messages = _remove_temp_files(ledger.state_dir, ledger.state_dir / "backups")
     path = journal_path(site)
@@ -321,7 +324,7 @@ def _recover(site: Path, resolve) -> list[str]:
     return messages
 
 
-def _text(digest) -> str | None:
+def _text(digest: object) -> str | None:
     """A journal's digest: null for an absent file."""
     return None if digest is None else str(digest)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from sm120kit.patching import cache as outcome_cache
-from sm120kit.patching import transform
+from sm120kit.patching import seed, transform
 from sm120kit.patching.ledger import FileEntry, Ledger, sha256
 from sm120kit.patching.spec import Outcome, Patch, Rewrite, marker_revisions
 from sm120kit.patching.transform import Finding
@@ -70,15 +70,16 @@ def _cache_key(patch: Patch, rewrite: Rewrite, version: str, digest: str) -> str
 def cached_verdicts(
     file: TargetFile, items: Items, cache: bool, need_bytes: bool
 ) -> tuple[bytes | None, list[Finding]]:
-    """(new bytes or None when not needed, findings): from the cache when it has every
-    verdict and no new bytes are needed, else from the transforms (and then cached)."""
+    """(new bytes or None when not needed, findings): from the cache (or the shipped seed)
+    when it has every verdict and no new bytes are needed, else from the transforms (and
+    then cached)."""
     version, relpath, digest = file.dist.version, file.relpath, file.digest
     if cache and _as_written(file, items):
         return None, [Finding(p, Outcome.ALREADY_APPLIED, "", version, relpath, p.fixed_in_for(r)) for p, r in items]
     keys = [_cache_key(p, r, version, digest) for p, r in items]
     if cache:
-        hits = [outcome_cache.get(k) for k in keys]
-        if all(hits) and not (need_bytes and any(h["outcome"] == Outcome.WOULD_APPLY.value for h in hits)):
+        hits = [h for k in keys if (h := outcome_cache.get(k) or seed.get(k))]
+        if len(hits) == len(keys) and not (need_bytes and any(h["outcome"] == Outcome.WOULD_APPLY.value for h in hits)):
             return None, [
                 Finding(p, Outcome(h["outcome"]), h["detail"], version, relpath, p.fixed_in_for(r))
                 for (p, r), h in zip(items, hits)
@@ -101,7 +102,7 @@ def _as_written(file: TargetFile, items: Items) -> bool:
     bumps its revision. So a read-only run with an empty outcome cache parses no file that
     sm120kit patched; `verify` (no cache) proves them from disk."""
     entry = file.entry
-    if file.state is not FileState.OURS or entry.patches != {p.id: p.revision for p, _ in items}:
+    if entry is None or file.state is not FileState.OURS or entry.patches != {p.id: p.revision for p, _ in items}:
         return False
     text = file.before.decode("utf-8", "replace")
     return all(p.revision in marker_revisions(text, p.id) for p, _ in items)
@@ -117,7 +118,9 @@ def other_revisions(source: bytes, items: Items) -> dict[str, set[int]]:
     return {pid: revs for pid, revs in found.items() if revs}
 
 
-def rebuild(file: TargetFile, items: Items, older: dict[str, set[int]], need_bytes: bool):
+def rebuild(
+    file: TargetFile, items: Items, older: dict[str, set[int]], need_bytes: bool
+) -> tuple[bytes | None, list[Finding]]:
     """A file that carries another revision of a patch. That patch is outdated (never judged
     by its transform, which would mistake the old revision's code for upstream's); the new
     bytes are the current transforms run on the vendor's bytes (the backup), never on top
@@ -125,7 +128,7 @@ def rebuild(file: TargetFile, items: Items, older: dict[str, set[int]], need_byt
     findings = _outdated(file, items, older)
     outdated = [f for f in findings if f.outcome is Outcome.OUTDATED]
     vendor, problem, hint = _vendor_bytes(file, items)
-    if problem:
+    if vendor is None:
         for f in outdated:
             f.detail, f.stuck, f.hint = f"{f.detail}, and cannot be rebuilt: {problem}", True, hint
         return None, findings

@@ -6,6 +6,7 @@ transaction.py, and what new sources make stale (bytecode, JIT caches).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -27,9 +28,7 @@ def locked(target: Target, sites: set[Path], patches: list[Patch]) -> Iterator[l
         recovered: list[str] = []
         for site in sorted(sites):
             stack.enter_context(Ledger(site).locked())
-            recovered += transaction.recover(
-                site, lambda package, relpath, site=site: resolve(target, declared, site, package, relpath)
-            )
+            recovered += transaction.recover(site, functools.partial(resolve, target, declared, site))
         yield recovered
         for site in sorted(sites):  # still under the lock
             _drop_unused_state(site)

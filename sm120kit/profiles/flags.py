@@ -19,8 +19,12 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING, TypeGuard
 
 from sm120kit.errors import UserError
+
+if TYPE_CHECKING:
+    from sm120kit.target import Distribution, Target
 
 FORMAT = "1"  # bump when the reading rules change, so that cached schemas are read again
 SERVER_ARGS, FIELDS = "sglang.srt.server_args", "sglang.srt.arg_groups.fields"
@@ -83,7 +87,7 @@ def _named(node: ast.AST, name: str) -> bool:
 
 def _binding(body: list[ast.stmt], name: str) -> ast.AST | None:
     """What `name` is last bound to directly in `body` (a module or class body): value or class."""
-    found = None
+    found: ast.AST | None = None
     for node in body:
         if isinstance(node, ast.ClassDef) and node.name == name:
             found = node
@@ -130,7 +134,8 @@ class _Reader:
     """The release's modules, parsed on demand; `digests` records every file read."""
 
     def __init__(self, read: Callable[[str], bytes | None]) -> None:
-        self._read, self._trees = read, {}
+        self._read = read
+        self._trees: dict[str, ast.Module | None] = {}
         self.digests: dict[str, str | None] = {}
 
     def module(self, dotted: str) -> ast.Module | None:
@@ -148,7 +153,9 @@ class _Reader:
     def lookup(self, mod: str, name: str, depth: int = 0) -> tuple[ast.AST, str] | None:
         """What `name` is bound to at the top of module `mod`, following `from x import name`."""
         tree = self.module(mod)
-        for node in reversed(tree.body if tree and depth < 8 else []):  # the last binding wins
+        if tree is None or depth >= 8:
+            return None
+        for node in reversed(tree.body):  # the last binding wins
             alias = next((a for a in getattr(node, "names", ()) if (a.asname or a.name) == name), None)
             if isinstance(node, ast.ImportFrom) and alias:
                 package = mod.rsplit(".", node.level)[0] if node.level else ""
@@ -185,8 +192,11 @@ class _Reader:
             found = (local, mod, cls) if local is not None else (*(self.lookup(mod, node.id) or (None, mod)), None)
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):  # e.g. Backend.ALL
             owner = self.lookup(mod, node.value.id)
-            owner = owner if owner and isinstance(owner[0], ast.ClassDef) else None
-            found = (_binding(owner[0].body, node.attr), owner[1], owner[0]) if owner else (None, mod, None)
+            owner_class = owner[0] if owner else None
+            if owner and isinstance(owner_class, ast.ClassDef):
+                found = (_binding(owner_class.body, node.attr), owner[1], owner_class)
+            else:
+                found = (None, mod, None)
         else:
             return UNKNOWN
         if found[0] is None or isinstance(found[0], ast.ClassDef):
@@ -194,20 +204,23 @@ class _Reader:
         return self.value(found[0], found[1], found[2], depth + 1)
 
 
-def _items(node: ast.AST) -> list[ast.AST]:
+def _items(node: ast.expr) -> list[ast.expr]:
     return list(node.elts) if isinstance(node, ast.Tuple) else [node]
 
 
-def _subscript_of(node: ast.AST, *names: str) -> bool:
+def _subscript_of(node: ast.AST | None, *names: str) -> TypeGuard[ast.Subscript]:
     return isinstance(node, ast.Subscript) and _leaf(node.value) in names
 
 
-def _strip_optional(node: ast.AST) -> ast.AST:
+def _strip_optional(node: ast.expr) -> ast.expr:
     """Optional[X], Union[X, None] and X | None -> X."""
     if _subscript_of(node, "Optional"):
         return node.slice
-    pipe = isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr)
-    members = _items(node.slice) if _subscript_of(node, "Union") else [node.left, node.right] if pipe else []
+    members: list[ast.expr] = []
+    if _subscript_of(node, "Union"):
+        members = _items(node.slice)
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        members = [node.left, node.right]
     rest = [m for m in members if not (isinstance(m, ast.Constant) and m.value is None)]
     return rest[0] if members and len(rest) == 1 else node
 
@@ -216,7 +229,8 @@ class _Builder:
     """Flags in registration order; the first registration of a spelling wins."""
 
     def __init__(self, reader: _Reader) -> None:
-        self.reader, self.flags = reader, {}
+        self.reader = reader
+        self.flags: dict[str, Flag] = {}
 
     def choices(self, node: ast.AST | None, mod: str) -> tuple[str, ...] | None:
         values = UNKNOWN if node is None else self.reader.value(node, mod)
@@ -226,7 +240,8 @@ class _Builder:
     def nargs_default(self, action: ast.AST, mod: str) -> object:
         """A custom Action's own `nargs=` default (0: a bare switch), read from its __init__."""
         found = self.reader.lookup(mod, action.id) if isinstance(action, ast.Name) else None
-        body = found[0].body if found and isinstance(found[0], ast.ClassDef) else []
+        owner = found[0] if found else None
+        body = owner.body if isinstance(owner, ast.ClassDef) else []
         for init in (n for n in body if isinstance(n, ast.FunctionDef) and n.name == "__init__"):
             params = init.args.args[len(init.args.args) - len(init.args.defaults) :] + init.args.kwonlyargs
             for param, default in zip(params, [*init.args.defaults, *init.args.kw_defaults]):
@@ -234,7 +249,9 @@ class _Builder:
                     return default.value
         return None
 
-    def add(self, names: list[str], kw: dict[str, ast.AST], mod: str, type_: str | None, choices) -> None:
+    def add(
+        self, names: list[str], kw: dict[str, ast.expr], mod: str, type_: str | None, choices: tuple[str, ...] | None
+    ) -> None:
         action = kw.get("action")
         said = {
             k: self.reader.value(v, mod) for k, v in kw.items() if k in ("help", "new_flag", "nargs", "error_message")
@@ -272,15 +289,24 @@ class _Builder:
             return
         parts = _items(ann.slice)  # the first Arg(...) or help string is the CLI metadata; NS(...) is not
         meta = next((m for m in parts[1:] if not isinstance(m, ast.Call) or _leaf(m.func) == "Arg"), None)
+        if meta is None:
+            return
         kw = {k.arg: k.value for k in meta.keywords if k.arg} if isinstance(meta, ast.Call) else {"help": meta}
-        if meta is None or ("no_cli" in kw and self.reader.value(kw["no_cli"], mod) is True):
+        if "no_cli" in kw and self.reader.value(kw["no_cli"], mod) is True:
             return
         cli_name, aliases = (self.reader.value(kw[k], mod) if k in kw else None for k in ("cli_name", "aliases"))
         names = [cli_name if isinstance(cli_name, str) else "--" + node.target.id.replace("_", "-")]
         names += [a for a in aliases if isinstance(a, str)] if isinstance(aliases, list) else []
         extra = kw.get("action_kwargs")
         if isinstance(extra, ast.Dict):
-            kw.update({k.value: v for k, v in zip(extra.keys, extra.values) if isinstance(k, ast.Constant)})
+            # (a key that is not a string names no keyword that is read)
+            kw.update(
+                {
+                    k.value: v
+                    for k, v in zip(extra.keys, extra.values)
+                    if isinstance(k, ast.Constant) and isinstance(k.value, str)
+                }
+            )
         inner = _strip_optional(parts[0])
         literal = _items(inner.slice) if _subscript_of(inner, "Literal") else None
         element = _strip_optional(inner.slice) if _subscript_of(inner, "List", "list") else inner
@@ -304,17 +330,20 @@ def _parse(version: str, reader: _Reader) -> FlagSchema:
     # add_cli_args registers the fields first (0.5.20 on: of the namespace classes server_args
     # imports from arg_groups.fields), then makes its own add_argument calls
     imports = [n for n in tree.body if isinstance(n, ast.ImportFrom) and (n.module or "").startswith(FIELDS)]
-    for node in imports:
-        for alias in node.names:
+    for statement in imports:
+        for alias in statement.names:
             found = reader.lookup(SERVER_ARGS, alias.asname or alias.name)
-            for field in found[0].body if found and isinstance(found[0], ast.ClassDef) else ():
+            if found is None:
+                continue
+            namespace, namespace_mod = found
+            for field in namespace.body if isinstance(namespace, ast.ClassDef) else ():
                 if isinstance(field, ast.AnnAssign):
-                    builder.add_field(field, found[1])
+                    builder.add_field(field, namespace_mod)
     # the class itself (0.5.20 on, the name is re-bound afterwards to a struct built from it)
     server_args = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs"][-1:]
-    for node in server_args[0].body if server_args else ():
-        if isinstance(node, ast.AnnAssign):
-            builder.add_field(node, SERVER_ARGS)
+    for member in server_args[0].body if server_args else ():
+        if isinstance(member, ast.AnnAssign):
+            builder.add_field(member, SERVER_ARGS)
     for node in ast.walk(server_args[0]) if server_args else ():
         if isinstance(node, ast.Call) and _leaf(node.func) == "add_argument":
             builder.add_argument(node, SERVER_ARGS)
@@ -345,7 +374,9 @@ def _flag_from_json(data: dict) -> Flag:
     return Flag(**{**data, "aliases": tuple(data["aliases"]), "choices": choices})
 
 
-def installed_schema(target, hint: str = "point sm120kit at the serving environment with --python EXE") -> FlagSchema:
+def installed_schema(
+    target: Target, hint: str = "point sm120kit at the serving environment with --python EXE"
+) -> FlagSchema:
     """The flag schema of the sglang installed in the target (sm120kit.target.Target); a
     UserError when there is none: a profile renders for the installed release."""
     dist = target.find("sglang")
@@ -356,7 +387,7 @@ def installed_schema(target, hint: str = "point sm120kit at the serving environm
     return read_schema(dist)
 
 
-def read_schema(dist) -> FlagSchema:
+def read_schema(dist: Distribution) -> FlagSchema:
     """The flag schema of an installed sglang (a sm120kit.target.Distribution), read from its own
     files: site-packages, or the source tree of an editable install."""
 

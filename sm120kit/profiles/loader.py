@@ -15,20 +15,22 @@ import difflib
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from types import UnionType
-from typing import Any, Union, get_args, get_origin
+from typing import Any, TypeGuard, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
 
 from sm120kit import search_paths
 from sm120kit.errors import UserError
 from sm120kit.profiles.model import Profile, allowed_range
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
+else:
     import tomli as tomllib
 
 ENV_VAR = "SM120KIT_PROFILE_PATH"
@@ -108,9 +110,10 @@ def _origins(data: dict, source: str, prefix: Path_ = ()) -> dict[Path_, str]:
     """Which file (or --set) wrote each key path: for error messages after a merge."""
     out: dict[Path_, str] = {}
     for key, value in data.items():
-        out[(*prefix, key)] = source
+        path = (*prefix, key)  # (named: mypy reads out[(*prefix, key)] as 3.11's out[*prefix, key])
+        out[path] = source
         if isinstance(value, dict):
-            out.update(_origins(value, source, (*prefix, key)))
+            out.update(_origins(value, source, path))
     return out
 
 
@@ -153,7 +156,7 @@ def _fields(model: type[BaseModel]) -> list[str]:
     return [k for k in model.model_fields if not (model is Profile and k in LOADER_FIELDS)]
 
 
-def _is_model(t: Any) -> bool:
+def _is_model(t: Any) -> TypeGuard[type[BaseModel]]:
     return isinstance(t, type) and issubclass(t, BaseModel)
 
 
@@ -348,10 +351,10 @@ def _field_at(path: Path_) -> FieldInfo | None:
     except LookupError:
         return None
     is_model = isinstance(owner, type) and issubclass(owner, BaseModel)
-    return owner.model_fields.get(path[-1]) if is_model else None
+    return owner.model_fields.get(str(path[-1])) if is_model else None
 
 
-def _describe(err: dict, data: dict) -> tuple[Path_, str, str]:
+def _describe(err: ErrorDetails, data: dict) -> tuple[Path_, str, str]:
     path = _data_path(err["loc"], data)
     if err["type"] == "extra_forbidden":
         try:
@@ -402,6 +405,7 @@ def _validate(name: str, source: str, data: dict, origins: dict[Path_, str]) -> 
         ((key,), f"unknown key {key} ({key} is set by sm120kit)", "remove it")
         for key in sorted(LOADER_FIELDS & data.keys())
     ]
+    profile: Profile | None = None
     try:
         profile = Profile.model_validate({k: v for k, v in data.items() if k not in LOADER_FIELDS})
     except ValidationError as exc:
@@ -411,8 +415,7 @@ def _validate(name: str, source: str, data: dict, origins: dict[Path_, str]) -> 
             if path not in seen:  # a union reports once per member: keep the first
                 seen.add(path)
                 reported.append((path, message, hint))
-        profile = None
-    if reported:
+    if reported or profile is None:  # (a validation error always reports something)
         lines = [f"{_source(path, origins, source)}: {message}" for path, message, _ in reported]
         more = f" (and {len(reported) - 1} more above)" if len(reported) > 1 else ""
         raise UserError(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import (
@@ -137,7 +137,10 @@ def _plain(bound: float) -> str:
     return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
 
-def _host(value: str | None) -> str | None:
+_MaybeHost = TypeVar("_MaybeHost", str, str | None)
+
+
+def _host(value: _MaybeHost) -> _MaybeHost:
     """A host the URLs built from it hold as it is (the router's, its workers'): a name or an
     IP address (sm120kit.urls)."""
     from sm120kit.urls import host_problem
@@ -359,7 +362,12 @@ class Speculative(BaseModel):
                 "speculative.eagle_topk is not set: with num_steps set, sglang needs eagle_topk too "
                 "(1 for a single draft chain)"
             )
-        if self.eagle_topk == 1 and self.num_draft_tokens not in (None, self.num_steps + 1):
+        # (num_steps is set here: eagle_topk without it was refused above)
+        if (
+            self.eagle_topk == 1
+            and self.num_steps is not None
+            and self.num_draft_tokens not in (None, self.num_steps + 1)
+        ):
             raise ValueError(
                 f"speculative.num_draft_tokens = {self.num_draft_tokens}: with eagle_topk = 1 sglang replaces it "
                 f"with num_steps + 1 = {self.num_steps + 1}; write that, or leave num_draft_tokens out"

@@ -16,7 +16,7 @@ from packaging.version import Version
 
 from sm120kit.errors import UserError
 from sm120kit.profiles.flags import FlagSchema
-from sm120kit.profiles.model import EAGLE_FAMILY, FLAG_OWNERS, Profile, is_loopback, owned_flag_problem
+from sm120kit.profiles.model import EAGLE_FAMILY, FLAG_OWNERS, Engine, Profile, is_loopback, owned_flag_problem
 
 BARE = object()  # a flag without a value
 DSA_BACKENDS = {"nsa", "dsa"}
@@ -106,7 +106,7 @@ class _Argv:
         flag = self.schema.get(spelling)
         return flag is not None and not flag.deprecated
 
-    def add(self, key: str, spellings: tuple[str, ...] | str, value=BARE) -> None:
+    def add(self, key: str, spellings: tuple[str, ...] | str, value: object = BARE) -> None:
         spellings = (spellings,) if isinstance(spellings, str) else spellings
         found = [self.schema.get(s) for s in spellings]
         current = [(s, f) for s, f in zip(spellings, found) if f and not f.deprecated]
@@ -221,9 +221,9 @@ def render(profile: Profile, schema: FlagSchema, python: str = "python3") -> Lau
         out.add("model.context_length", "--context-length", m.context_length)
 
     out.add("parallel.tp", ("--tp-size", "--tensor-parallel-size"), p.tp)
-    for key, flag, value in (("pp", "--pp-size", p.pp), ("dp", "--dp-size", p.dp)):
-        if value > 1:
-            out.add(f"parallel.{key}", flag, value)
+    for key, flag, size in (("pp", "--pp-size", p.pp), ("dp", "--dp-size", p.dp)):
+        if size > 1:
+            out.add(f"parallel.{key}", flag, size)
     if p.ep:
         out.add("parallel.ep", ("--ep-size", "--expert-parallel-size"), p.ep)
     if p.nnodes > 1:
@@ -303,7 +303,7 @@ def _owned_flags(schema: FlagSchema) -> dict[str, str]:
     return {spec.name: owner for spelling, owner in FLAG_OWNERS.items() if (spec := schema.get(spelling))}
 
 
-def _cuda_graphs(out: _Argv, e) -> None:
+def _cuda_graphs(out: _Argv, e: Engine) -> None:
     """Off: --disable-cuda-graph while it is current; the per-phase backends once it is
     deprecated (0.5.14+). The max batch size was split per phase in 0.5.20."""
     if not e.cuda_graphs:

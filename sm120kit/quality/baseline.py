@@ -94,7 +94,7 @@ def writable(path: Path) -> str | None:
 
 def save(path: Path, baseline: Baseline) -> None:
     """Written atomically (a temp file beside it, then renamed); nothing is left on a failure."""
-    from sm120kit.patching.ledger import write_atomic
+    from sm120kit.atomic_write import write_atomic
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, (json.dumps(baseline.as_json(), indent=1) + "\n").encode())

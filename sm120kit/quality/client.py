@@ -137,10 +137,13 @@ class Client:
             message = doc.get("error", {}).get("message") if isinstance(doc, dict) else None
             shown = message or data[:200].decode("utf-8", errors="replace")
             return Reply(error=f"HTTP {status}: {shown}".strip(), seconds=seconds)
-        meta = doc.get("meta_info") if isinstance(doc.get("meta_info"), dict) else {}
+        meta = doc.get("meta_info")
+        if not isinstance(meta, dict):
+            meta = {}
         finish = meta.get("finish_reason")
+        answer = doc.get("text")
         return Reply(
-            text=doc.get("text") if isinstance(doc.get("text"), str) else "",
+            text=answer if isinstance(answer, str) else "",
             completion_tokens=meta.get("completion_tokens") if isinstance(meta.get("completion_tokens"), int) else None,
             finish=finish.get("type") if isinstance(finish, dict) else None,
             meta=meta,
@@ -191,8 +194,11 @@ class Client:
                 if isinstance(event.get("error"), dict):
                     message = event["error"].get("message") or event["error"]
                     return Reply(error=f"error mid-stream: {message}", seconds=time.monotonic() - began)
-                texts.append(event.get("text") if isinstance(event.get("text"), str) else "")
-                meta = event.get("meta_info") if isinstance(event.get("meta_info"), dict) else meta
+                piece = event.get("text")
+                texts.append(piece if isinstance(piece, str) else "")
+                event_meta = event.get("meta_info")
+                if isinstance(event_meta, dict):
+                    meta = event_meta
         except TimeoutError:
             return Reply(error="timed out mid-stream", seconds=time.monotonic() - began, unanswered=True)
         except (OSError, http.client.HTTPException) as exc:

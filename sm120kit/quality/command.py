@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sm120kit.errors import UserError
 from sm120kit.exit_codes import ExitCode
@@ -43,6 +43,9 @@ from sm120kit.quality import baseline as baselines
 from sm120kit.quality import detectors, tasks
 from sm120kit.quality import logprobs as logprob_rules
 from sm120kit.quality.client import Client, Reply
+
+if TYPE_CHECKING:
+    from sm120kit.profiles.model import Profile
 
 PASS_RATE = 0.90  # of the tasks answered right, alone and in the burst
 AGREEMENT = 0.90  # of the burst's answer lines equal to the same task's alone (and of the baseline's)
@@ -88,18 +91,16 @@ class SmokeOptions:
         }
 
 
-def options_for(profile, url: str | None = None, **overrides) -> SmokeOptions:
+def options_for(profile: Profile, url: str | None = None, **overrides: Any) -> SmokeOptions:
     """The profile's server (or `url`), its key ($server.api_key_env; an `api_key` override
     wins), a burst of the profile's scale (engine.max_running_requests) within
     MIN_BURST..MAX_BURST; any other SmokeOptions field as an override."""
-    from sm120kit.serve.probe import probe_host
+    from sm120kit.endpoint import api_key, probe_host
     from sm120kit.urls import http_url
 
     if url is None:
         url = http_url(probe_host(profile.server.host), profile.server.port)
     if "api_key" not in overrides:
-        from sm120kit.bench.client import api_key
-
         overrides["api_key"] = api_key(profile.server.api_key_env)
     scale = profile.engine.max_running_requests or MIN_BURST
     served = tuple(n for n in (profile.model.served_name, profile.model.path) if n)
@@ -247,7 +248,7 @@ def smoke(options: SmokeOptions, progress: Progress | None = None) -> SmokeRepor
     incremental = _incremental_streaming(info)
     sglang = info.get("version") if isinstance(info.get("version"), str) else None
     _same_model_as_profile(options, model, model_path)
-    if reference:
+    if reference and options.baseline:
         baselines.same_model(options.baseline, reference, model, model_path, target)
     sender = _Sender(began + options.budget_s, options.budget_s)
 
@@ -255,20 +256,23 @@ def smoke(options: SmokeOptions, progress: Progress | None = None) -> SmokeRepor
     texts = dict.fromkeys([baselines.FIXED_TEXT, *([reference.text] if reference else [])])
     found = {text: _logprobs(client, text, sender) for text in texts}
     drift = None
-    if reference and found[reference.text][0] is not None:
-        drift = baselines.drift(options.baseline, reference, *found[reference.text][0], target)
+    measured = found[reference.text][0] if reference else None
+    if reference and options.baseline and measured is not None:
+        drift = baselines.drift(options.baseline, reference, *measured, target)
 
     work = tasks.generate(options.seed, options.tasks)
     progress.step(f"{len(work)} tasks, one request at a time ...")
-    alone = [
-        sender.send(lambda t=task: client.generate(t.prompt, options.max_new_tokens, sender.deadline)) for task in work
-    ]
+
+    def alone_reply(task: tasks.Task) -> Reply:
+        return sender.send(lambda: client.generate(task.prompt, options.max_new_tokens, sender.deadline))
+
+    def streamed_reply(task: tasks.Task) -> Reply:
+        return sender.send(lambda: client.stream(task.prompt, options.max_new_tokens, sender.deadline, incremental))
+
+    alone = [alone_reply(task) for task in work]
     checks = [_answers(work, alone, options)]
     picked = _streamed_tasks(work)  # after the tasks alone: each is compared with its answer sent whole
-    streamed = [
-        sender.send(lambda t=work[i]: client.stream(t.prompt, options.max_new_tokens, sender.deadline, incremental))
-        for i in picked
-    ]
+    streamed = [streamed_reply(work[i]) for i in picked]
     burst: list[Reply] = []
     if any(r.error is None for r in alone) and not sender.stopped():
         progress.step(f"the tasks again inside a burst of {options.concurrency} concurrent requests ...")
@@ -358,7 +362,7 @@ def _shown(reply: Reply) -> str:
     return repr(text)
 
 
-def _percent(part: int, whole: int) -> str:
+def _percent(part: float, whole: float) -> str:
     return f"{100 * part / whole:.0f} %" if whole else "-"
 
 
@@ -454,7 +458,12 @@ def _under_load(
     if not examples:  # as wrong as alone: the answers check shows what
         wrong = [(i, r) for i, r in enumerate(burst) if r.error or not work[i % n].check(r.text)]
         examples = [f"{work[i % n].id} in the burst -> {_shown(r)}" for i, r in wrong[:EXAMPLES]]
-    data = {"requests": len(burst), "right": right, "agree": same, "errors": sum(1 for r in burst if r.error)}
+    data: dict[str, object] = {
+        "requests": len(burst),
+        "right": right,
+        "agree": same,
+        "errors": sum(1 for r in burst if r.error),
+    }
     data["kinds"], data["failed_kinds"] = kinds, failed_kinds
     short = f"burst of {len(burst)} agrees on {same}/{len(burst)}"
     return Check(CheckName.UNDER_LOAD, passed, detail, short, [] if passed else examples, data)

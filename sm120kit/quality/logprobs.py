@@ -45,8 +45,8 @@ def _top(rows) -> list[tuple[float, int]] | None:
     """A position's top list; None when it is null, empty or not sglang's shape."""
     if not isinstance(rows, list) or not rows:
         return None
-    found = [_entry(r) for r in rows]
-    return None if any(f is None for f in found) else found
+    found = [entry for entry in map(_entry, rows) if entry is not None]
+    return found if len(found) == len(rows) else None
 
 
 def _position(where: str, value: float, token: int, top: list[tuple[float, int]], greedy: bool) -> list[str]:

@@ -7,16 +7,26 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sm120kit import shallow_json
+from sm120kit.endpoint import probe_host
 from sm120kit.errors import UserError
 from sm120kit.exit_codes import ExitCode
 from sm120kit.profiles.render import EnvRef, Launch
 from sm120kit.serve import preflight
-from sm120kit.serve.probe import probe_host
 from sm120kit.serve.rundir import ENV_VAR, RunRecord, serve_root
+
+if TYPE_CHECKING:
+    from filelock import BaseFileLock
+
+    from sm120kit.node.nvml_schema import Gpu
+    from sm120kit.profiles.model import Profile
+    from sm120kit.serve.metrics import Member, MetricsServer
+    from sm120kit.target import Target
 
 KEY_FILE = "api-key.yaml"  # the API key for sglang's --config, in the private run directory
 
@@ -40,7 +50,8 @@ def resolve_argv(
     With key_file, the key goes into that YAML file (mode 0600) and sglang reads it with
     `--config` (every release 0.5.9+), so the process list shows a path, not the key."""
     key, i = None, -1
-    argv, shown = [], []
+    argv: list[str] = []
+    shown: list[str] = []
     for a in launch.argv:
         if isinstance(a, EnvRef):
             key = env.get(a.name, "")
@@ -63,7 +74,7 @@ class SecretScrubbed(RuntimeError):
 
 
 def _mentions(exc: BaseException | None, secret: str) -> bool:
-    seen = set()
+    seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if secret in str(exc) or any(secret in str(a) for a in exc.args):
@@ -73,7 +84,7 @@ def _mentions(exc: BaseException | None, secret: str) -> bool:
 
 
 @contextlib.contextmanager
-def keep_secret(secret: str | None, name: str):
+def keep_secret(secret: str | None, name: str) -> Iterator[None]:
     """Re-raise an error that mentions the key without it (and without its chain), so that
     neither the "internal error" line nor the traceback of --debug ever carries the key."""
     try:
@@ -87,7 +98,7 @@ def keep_secret(secret: str | None, name: str):
         raise
 
 
-def serve(profile, launch: Launch, target, options: ServeOptions, width: int | None) -> ExitCode:
+def serve(profile: Profile, launch: Launch, target: Target, options: ServeOptions, width: int | None) -> ExitCode:
     """OK: stopped on request and clean; FINDINGS: gave up (crash-loop limit); ERROR:
     refused (the preflight); UNCLEAN: stopped, but a process or port of the server was
     left. The preflight is shown fitted to width (None: one line per check)."""
@@ -153,7 +164,9 @@ def visible_gpus(env: dict[str, str], count: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def metrics_served(options: ServeOptions, profile, members):
+def metrics_served(
+    options: ServeOptions, profile: Profile, members: Callable[[], list[Member]]
+) -> Iterator[MetricsServer | None]:
     """`--metrics-port`: the supervisor's state on server.host:PORT/metrics while it runs
     (where the server is reachable, its metrics are; a port in use: a UserError before
     anything starts)."""
@@ -162,9 +175,11 @@ def metrics_served(options: ServeOptions, profile, members):
         return
     from sm120kit.serve.metrics import start_metrics_server
 
-    read_gpus = None
+    read_gpus: Callable[[], list[Gpu]] | None = None
     if options.gpu_check:
-        from sm120kit.node.nvml import read_gpus
+        from sm120kit.node import nvml
+
+        read_gpus = nvml.read_gpus
     host = profile.server.host
     server = start_metrics_server(host, options.metrics_port, profile.name, members, read_gpus=read_gpus)
     print(f"metrics: {server.url}", flush=True)
@@ -174,7 +189,7 @@ def metrics_served(options: ServeOptions, profile, members):
         server.close()
 
 
-def lock_run(name: str):
+def lock_run(name: str) -> tuple[RunRecord, BaseFileLock]:
     """(the run record of profile `name`, its supervisor lock, held): one supervisor per
     profile, be it one server or a fleet. A UserError when another holds it, or the run
     directory cannot be made."""

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections import deque
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import BinaryIO
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
+else:
     import tomli as tomllib
 
 SIGNATURES = Path(__file__).with_name("signatures.toml")

@@ -26,7 +26,7 @@ through it, with a fake clock and a fake host.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sm120kit.exit_codes import ExitCode
 from sm120kit.serve.clock import Clock, duration
@@ -35,6 +35,8 @@ from sm120kit.serve.probe import HEALTH_PATH, ProbeResult
 from sm120kit.serve.status import EventKind, RunStatus
 
 if TYPE_CHECKING:
+    from sm120kit.profiles.model import Health
+    from sm120kit.serve.diagnose import Diagnosis
     from sm120kit.serve.procs import StopReport
 
 PROGRESS_EVERY_S = 30.0  # a "still starting" line at least this often
@@ -58,7 +60,7 @@ class Policy:
     smoke: bool = False  # health.smoke: the smoke decides "ready"
 
     @classmethod
-    def from_health(cls, health) -> Policy:
+    def from_health(cls, health: Health) -> Policy:
         return cls(**{f: getattr(health, f) for f in cls.__dataclass_fields__ if hasattr(health, f)})
 
     def backoff(self, failures: int) -> float:
@@ -143,11 +145,11 @@ class Exit:
 Action = Say | Event | Update | Spawn | Probe | Smoke | Kill | Stop | Exit
 
 
-def event(kind: EventKind, **fields) -> Event:
+def event(kind: EventKind, **fields: Any) -> Event:
     return Event(kind, fields)
 
 
-def update(**fields) -> Update:
+def update(**fields: Any) -> Update:
     return Update(fields)
 
 
@@ -241,7 +243,7 @@ class Machine:
         if run.ready_at is None:
             if now - run.started > p.startup_timeout_s:
                 detail = f"not generating after {duration(p.startup_timeout_s)} (last: {run.phase})"
-                return self._end(EventKind.START_TIMEOUT, detail)
+                return self._end(run, EventKind.START_TIMEOUT, detail)
             if now >= run.next_note:
                 run.next_note = now + PROGRESS_EVERY_S
                 spent = f"{duration(now - run.started)} of {duration(p.startup_timeout_s)}"
@@ -278,7 +280,7 @@ class Machine:
     def progress(self, phase: str) -> list[Action]:
         """A milestone in the log of a starting server."""
         run, now = self.attempt, self.clock.monotonic()
-        if not self.starting:
+        if run is None or run.ready_at is not None:  # not starting
             return []
         same_kind = phase.split()[:2] == run.phase.split()[:2]
         run.phase = phase
@@ -326,7 +328,7 @@ class Machine:
         ]
         if run.failures_in_row >= p.failures_before_restart:
             detail = f"{self.url()} failed {run.failures_in_row} probes in a row (last: {result.detail})"
-            actions += self._end(EventKind.HUNG, detail)
+            actions += self._end(run, EventKind.HUNG, detail)
         return actions
 
     def _ready(self, run: Attempt, result: ProbeResult) -> list[Action]:
@@ -372,7 +374,7 @@ class Machine:
         )
         if not passed and not answered:
             hung = f"it did not answer the smoke ({summary})"
-            return [record, update(phase="did not answer the smoke"), *self._end(EventKind.HUNG, hung)]
+            return [record, update(phase="did not answer the smoke"), *self._end(run, EventKind.HUNG, hung)]
         if passed:
             ok = ProbeResult(True, 200, "smoke passed", 0.0)
             return [record, update(phase="smoke passed"), Say(summary), *self._ready(run, ok)]
@@ -392,11 +394,13 @@ class Machine:
         """The server's launcher is gone ("exit code 1", "killed by SIGKILL")."""
         if self.attempt is None or self.attempt.end:
             return []
-        return self._end(EventKind.DIED, how, exit_code)
+        return self._end(self.attempt, EventKind.DIED, how, exit_code)
 
     def after_end(self, log_tail: str) -> list[Action]:
         """The failed start is over: diagnose it from its log, then restart or give up."""
-        run, end, now = self.attempt, self.attempt.end, self.clock.monotonic()
+        run, now = self.attempt, self.clock.monotonic()
+        assert run is not None and run.end is not None, "after_end follows the Kill of an ended start"
+        end = run.end
         found = diagnose(log_tail)
         last = [line for line in log_tail.replace("\r", "\n").splitlines() if line.strip()][-LOG_TAIL_LINES:]
         when = (
@@ -517,13 +521,13 @@ class Machine:
 
     # -- the parts -------------------------------------------------------------------
 
-    def _end(self, kind: EventKind, detail: str, exit_code: int | None = None) -> list[Action]:
-        self.attempt.end = End(kind, detail, exit_code, self.clock.time())
+    def _end(self, run: Attempt, kind: EventKind, detail: str, exit_code: int | None = None) -> list[Action]:
+        run.end = End(kind, detail, exit_code, self.clock.time())
         if kind is EventKind.DIED:
             return [Kill(DEAD_STOP_TIMEOUT_S)]
         return [Say(f"killing the server: {detail}"), Kill(self.policy.stop_timeout_s)]
 
-    def _incomplete(self, found) -> list[Action]:
+    def _incomplete(self, found: list[Diagnosis]) -> list[Action]:
         """A start that failed for what no restart mends (a module the environment lacks):
         stop, exit ERROR, as a refused preflight does (a unit's RestartPreventExitStatus=2
         does not start it again)."""

@@ -3,7 +3,7 @@
 a fleet (its replicas and its router). Each scrape reads the members' state.json as their
 supervisors last wrote it (nothing is cached), and, where the node has a driver, NVML's
 memory in use on the members' GPUs. sglang's own metrics (`--enable-metrics`) are served by
-each sglang server on its own port, /metrics; scrape both (see the README). The endpoint
+each sglang server on its own port, /metrics; scrape both (docs/serve.md, Metrics). The endpoint
 has no authentication: bind it to an address that only your Prometheus reaches.
 
 Every metric carries the labels profile (the profile served), member ("replica-0",
@@ -60,19 +60,26 @@ import errno
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import psutil
 
-from sm120kit import shallow_json
 from sm120kit.errors import UserError
 from sm120kit.serve import procs
-from sm120kit.serve.rundir import _supervisor_alive, _validated
+from sm120kit.serve.record_schema import DamagedRecord, read_run_state
+from sm120kit.serve.rundir import _supervisor_alive
 from sm120kit.serve.status import TERMINAL, RunStatus
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+    from prometheus_client.metrics_core import Metric
+
+    from sm120kit.node.nvml_schema import Gpu
 
 MIB = 1 << 20
 LABELS = ["profile", "member", "role"]
@@ -102,10 +109,10 @@ class _Seen:
 def _read(member: Member) -> _Seen:
     path = member.run_dir / "state.json"
     try:
-        state = _validated(shallow_json.loads(path.read_text()))
+        state = read_run_state(path)
     except FileNotFoundError:
         return _Seen(member, None, ABSENT, False, False)
-    except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
+    except DamagedRecord:
         return _Seen(member, None, str(RunStatus.DAMAGED), False, False)
     alive = _supervisor_alive(state)
     status = state["status"]
@@ -128,7 +135,7 @@ def _server_running(state: dict) -> bool:
         return False
 
 
-def _number(value) -> float | None:
+def _number(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
@@ -142,12 +149,14 @@ def _gpus(state: dict) -> list[int] | None:
 class _Collector:
     """Reads the members at each scrape (prometheus_client calls collect() per request)."""
 
-    def __init__(self, profile: str, members: Callable[[], list[Member]], read_gpus: Callable[[], list] | None):
+    def __init__(
+        self, profile: str, members: Callable[[], list[Member]], read_gpus: Callable[[], list[Gpu]] | None
+    ) -> None:
         self.profile = profile
         self.members = members
         self.read_gpus = read_gpus
 
-    def describe(self) -> list:
+    def describe(self) -> list[Metric]:
         return []  # nothing to check at registration: the members are read at scrape time
 
     def _in_use(self, seen: list[_Seen]) -> dict[int, int] | None:
@@ -159,14 +168,14 @@ class _Collector:
         except Exception:  # NvmlUnavailable, a GPU lost mid-read: no GPU samples, the rest stands
             return None
 
-    def collect(self) -> Iterator:
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
         now = time.time()
         seen = [_read(m) for m in self.members()]
         in_use = self._in_use(seen)
 
-        def gauge(name: str, doc: str, extra: list[str] = ()) -> GaugeMetricFamily:
+        def gauge(name: str, doc: str, extra: Sequence[str] = ()) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, doc, labels=LABELS + list(extra))
 
         up = gauge("sm120kit_up", "1: the member's supervisor is alive and its server process runs.")
@@ -219,7 +228,7 @@ class _Collector:
 
 
 class _Quiet(WSGIRequestHandler):
-    def log_message(self, format, *args):
+    def log_message(self, format: str, *args: object) -> None:
         """A scrape every 15 s is not news: nothing on stderr."""
 
 
@@ -254,8 +263,8 @@ class MetricsServer:
         self._thread.join(timeout=5)
 
 
-def _only_metrics(app: Callable) -> Callable:
-    def route(environ, start_response):
+def _only_metrics(app: WSGIApplication) -> WSGIApplication:
+    def route(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         if environ.get("PATH_INFO") in (PATH, f"{PATH}/"):
             return app(environ, start_response)
         start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
@@ -269,7 +278,7 @@ def start_metrics_server(
     port: int,
     profile: str,
     members: Callable[[], list[Member]],
-    read_gpus: Callable[[], list] | None = None,
+    read_gpus: Callable[[], list[Gpu]] | None = None,
 ) -> MetricsServer:
     """Serve the members' metrics on host:port (0: any free port; MetricsServer.port says
     which). members() is called at every scrape; read_gpus (sm120kit.node.nvml.read_gpus:
@@ -289,7 +298,7 @@ def start_metrics_server(
             0
         ]
         Server.address_family = family
-        httpd = make_server(sockaddr[0], port, app, Server, handler_class=_Quiet)
+        httpd = make_server(str(sockaddr[0]), port, app, Server, handler_class=_Quiet)  # an IP address: a str
     except OSError as exc:
         raise _bind_error(host, port, exc) from None
     return MetricsServer(httpd, host)

@@ -18,8 +18,12 @@ from sm120kit.serve import procs, rundir
 from sm120kit.serve.status import EventKind
 
 if TYPE_CHECKING:
+    from sm120kit.node.snapshot import Snapshot
+    from sm120kit.profiles.model import Profile
     from sm120kit.profiles.render import Launch
     from sm120kit.serve.command import ServeOptions
+    from sm120kit.serve.rundir import RunRecord
+    from sm120kit.target import Target
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,11 @@ class Preflight:
 
 
 def check_inputs(
-    node, profile, options: ServeOptions, kill_stale: bool = False, entry_points: tuple[tuple[str, str], ...] = ()
+    node: Snapshot,
+    profile: Profile,
+    options: ServeOptions,
+    kill_stale: bool = False,
+    entry_points: tuple[tuple[str, str], ...] = (),
 ) -> registry.CheckInputs:
     """What serve's checks look at, for one server's profile (a fleet: each replica's);
     entry_points: the (python, module) of what it starts (imports.entry_points)."""
@@ -73,7 +81,7 @@ def skipped(options: ServeOptions) -> dict[str, str]:
     return off | ({"gpus": "--no-gpu-check"} if not options.gpu_check else {})
 
 
-def run(profile, launch: Launch, target, options: ServeOptions) -> Preflight:
+def run(profile: Profile, launch: Launch, target: Target, options: ServeOptions) -> Preflight:
     from sm120kit.node.checks.imports import entry_points
 
     node = snapshot.live(target, pairs=False)
@@ -89,10 +97,11 @@ def run(profile, launch: Launch, target, options: ServeOptions) -> Preflight:
     return Preflight(profile.name, launch.sglang, checks, list(launch.warnings), inputs.server_env)
 
 
-def require_imports(launch, env: dict[str, str], target, wide: bool = False) -> None:
+def require_imports(launch: object, env: dict[str, str], target: Target, wide: bool = False) -> None:
     """The imports check outside a start (`serve --dry-run`, `render systemd`): a UserError
     (exit 2) naming what the server imports and its interpreter lacks; a warning where it
-    could not tell."""
+    could not tell. `launch`: a Launch, or a fleet's FleetLaunch (sm120kit.fleet is a floor
+    above: it is not named here; imports.entry_points reads either)."""
     from sm120kit.errors import UserError
     from sm120kit.node.checks.imports import entry_points, judge
 
@@ -136,7 +145,7 @@ def show(preflight: Preflight, width: int | None) -> None:
     print("\n".join(render.listing(preflight.checks, width)), flush=True)
 
 
-def refused(checked: Preflight, record, width: int | None) -> bool:
+def refused(checked: Preflight, record: RunRecord, width: int | None) -> bool:
     """Show the checks and record them; True (said on stderr) when one failed: nothing starts."""
     show(checked, width)
     record.event(EventKind.PREFLIGHT, ok=not checked.failed, checks=[c.as_json() for c in checked.checks])

@@ -26,12 +26,6 @@ class ProbeResult:
     seconds: float
 
 
-def probe_host(bind_host: str) -> str:
-    """Where to reach a server bound to bind_host from this node."""
-    host = bind_host.strip("[]")
-    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-
-
 def probe(host: str, port: int, timeout: float, api_key: str | None = None, path: str = HEALTH_PATH) -> ProbeResult:
     began = time.monotonic()
     conn = http.client.HTTPConnection(host, port, timeout=timeout)

@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import psutil
@@ -38,6 +39,7 @@ GROUP_GRACE_S = 2.0
 SGLANG_CMDLINE = ("sglang.launch_server", "sglang.srt.entrypoints", "sglang_router.launch_server")
 
 
+_PRCTL: Callable[..., int] | None
 try:  # resolved once, here: the child of a fork must not dlopen (another thread may hold the loader lock)
     _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
 except (OSError, AttributeError):  # not Linux
@@ -84,7 +86,7 @@ def spawn(argv: list[str], env: dict[str, str], log_path: str) -> subprocess.Pop
 
 def reap() -> dict[int, int]:
     """Collect every finished child (ours and adopted orphans): pid -> wait status."""
-    done = {}
+    done: dict[int, int] = {}
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -328,7 +330,7 @@ def _alive(pids: set[int]) -> set[int]:
     return alive
 
 
-def _wait(pids: set[int], until: float, hurry, tick: float) -> set[int]:
+def _wait(pids: set[int], until: float, hurry: Callable[[], bool], tick: float) -> set[int]:
     alive = _alive(pids)
     while alive and time.monotonic() < until and not hurry():
         time.sleep(tick)
@@ -392,9 +394,9 @@ def stop(
     pgid: int | None,
     tree: Tree | None,
     timeout: float,
-    hurry=lambda: False,
+    hurry: Callable[[], bool] = lambda: False,
     tick: float = 0.02,
-    pids: set[int] = frozenset(),
+    pids: Collection[int] = frozenset(),
     drain: bool = False,
 ) -> StopReport:
     """Stop a run: its process group, its tree (those that left the group) and `pids`.

@@ -1,10 +1,10 @@
 """Where a supervised run leaves its record: <state dir>/serve/<profile>/ holds the server's
 log (rotated), events.jsonl (one JSON object per event) and state.json (what `sm120kit ps`
-shows). The state dir is $SM120KIT_STATE_DIR or the platform's user state directory."""
+shows). The state dir is $SM120KIT_STATE_DIR or the platform's user state directory.
+What a record may hold, and how a reader gets it back, is sm120kit.serve.record_schema's."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -12,11 +12,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from sm120kit import shallow_json
 from sm120kit.errors import problems
+from sm120kit.serve.record_schema import DamagedRecord, read_run_state, run_status
 from sm120kit.serve.status import TERMINAL, EventKind, RunStatus
 
 ENV_VAR = "SM120KIT_STATE_DIR"
@@ -116,7 +118,7 @@ class RunRecord:
         if self._problems.pop(path.name, None):
             self.on_problem(f"recording {path.name} again")
 
-    def event(self, kind: EventKind, **fields) -> dict:
+    def event(self, kind: EventKind, **fields: Any) -> dict:
         now = time.time()
         doc = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}",
@@ -132,7 +134,7 @@ class RunRecord:
         self._written(self.events, append)
         return doc
 
-    def update(self, **fields) -> None:
+    def update(self, **fields: Any) -> None:
         self.state.update(fields)
         tmp = self.state_file.with_name(f".{self.state_file.name}.tmp")
 
@@ -144,13 +146,15 @@ class RunRecord:
 
 
 def read_state(directory: Path) -> dict | None:
-    """A run directory's state.json as last written; None while there is none (or it is
-    being replaced: os.replace makes that a moment, not a torn file)."""
+    """A run directory's state.json as last written, "status" a RunStatus; None while there
+    is none (or it is being replaced: os.replace makes that a moment, not a torn file)."""
     try:
         state = shallow_json.loads((directory / "state.json").read_text())
     except (OSError, ValueError):
         return None
-    return state if isinstance(state, dict) else None
+    if not isinstance(state, dict):
+        return None
+    return {**state, "status": run_status(state["status"])} if "status" in state else state
 
 
 def _supervisor_alive(state: dict) -> bool:
@@ -161,59 +165,6 @@ def _supervisor_alive(state: dict) -> bool:
         return False
 
 
-# A pid as Linux gives them (pid_max is at most 2**22), and a time as the supervisor writes
-# one (time.time(): seconds since 1970, before the year 5000): a record with anything else is
-# damaged, not a run that `ps` would show with a made-up age or ask psutil about.
-MAX_PID = 2**22
-MAX_TIME = 95_000_000_000.0
-
-
-@functools.cache
-def _run_state():
-    """The fields of state.json that `ps` and the preflight read, with their types and
-    ranges (pydantic is imported only when there is a state to read)."""
-    from typing import Annotated
-
-    from pydantic import BaseModel, ConfigDict, Field
-
-    pid = Annotated[int, Field(ge=1, le=MAX_PID)]
-    moment = Annotated[float, Field(ge=0, le=MAX_TIME, allow_inf_nan=False)]
-
-    class Health(BaseModel):  # what Machine._health writes
-        model_config = ConfigDict(strict=True, extra="allow")
-
-        at: moment | None = None
-        ok: bool | None = None
-        detail: str = ""
-        seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
-
-    class RunState(BaseModel):
-        model_config = ConfigDict(strict=True, extra="allow")
-
-        profile: str
-        status: str
-        supervisor_pid: pid
-        supervisor_started: moment | None = None
-        since: moment | None = None
-        server_pid: pid | None = None
-        restarts: Annotated[int, Field(ge=0)] = 0
-        host: str = "?"
-        port: Annotated[int, Field(ge=1, le=65535)] | None = None
-        marker: str | None = None
-        last_health: Health | None = None
-
-    return RunState
-
-
-def _validated(state) -> dict:
-    """state.json as the supervisor writes it; a damaged one is an error, not a run that
-    is not there."""
-    if not isinstance(state, dict):
-        raise ValueError(f"a JSON {type(state).__name__}, not an object")
-    _run_state().model_validate(state)
-    return state
-
-
 def runs() -> list[dict]:
     """The state of every profile that was served here, the live ones first."""
     found = []
@@ -221,15 +172,15 @@ def runs() -> list[dict]:
     paths = [*root.glob("*/state.json"), *root.glob("*/*/state.json")] if root.is_dir() else []  # fleets' members
     for path in sorted(paths):
         try:
-            state = _validated(shallow_json.loads(path.read_text()))
-        except (OSError, ValueError) as exc:  # reported, never skipped: `ps` must not say "nothing served"
+            state = read_run_state(path)
+        except (OSError, DamagedRecord) as exc:  # reported, never skipped: `ps` must not say "nothing served"
             found.append(
                 {
                     "profile": str(path.parent.relative_to(root)),
                     "status": RunStatus.DAMAGED,
                     "running": False,
                     "dir": str(path.parent),
-                    "error": f"{path}: {problems(exc)}",
+                    "error": str(exc) if isinstance(exc, DamagedRecord) else f"{path}: {problems(exc)}",
                 }
             )
             continue

@@ -34,6 +34,7 @@ def main(args: list[str]) -> int:
     server = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: server.send_signal(signum))
+    assert server.stdout is not None  # stdout=PIPE
     out, pending = sys.stdout.buffer, b""
     while chunk := os.read(server.stdout.fileno(), 1 << 16):
         data = pending + chunk

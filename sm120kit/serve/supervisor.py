@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol, TextIO
 
 import psutil
 
@@ -48,6 +48,7 @@ from sm120kit.serve.rundir import RunRecord, copy_truncate, rotate
 from sm120kit.serve.status import EventKind, RunStatus
 
 if TYPE_CHECKING:
+    from sm120kit.quality.command import SmokeOptions
     from sm120kit.serve.machine import Policy, ServerSpec
 
 LOG_TICK_S = 0.5  # how often the log is read (live tail, progress)
@@ -57,6 +58,8 @@ GPU_RELEASE_WAIT_S = 15.0
 GPU_MEMORY_SLACK_MIB = 512  # what another tenant's small allocation may add meanwhile
 TREE_SAMPLE_S = 1.0  # how often the run's process tree is sampled (what left it is still known)
 
+Verdict = tuple[bool, str, list[str], bool]  # a smoke's: (passed, summary, failures, answered)
+
 
 class Smoker(Protocol):
     """Runs the smoke (health.smoke) against the server of a start (a Protocol, so that
@@ -64,7 +67,7 @@ class Smoker(Protocol):
 
     def start(self, attempt: int) -> None: ...
 
-    def results(self) -> list[tuple[int, tuple[bool, str, list[str], bool]]]:
+    def results(self) -> list[tuple[int, Verdict]]:
         """The verdicts that came since the last call: (attempt, (passed, summary, failures,
         answered)); answered is false when the server stopped answering the smoke."""
 
@@ -74,9 +77,9 @@ class ThreadSmoker:
     log and taking signals meanwhile); wake() ends the supervisor's wait for it. A smoke
     that cannot run (the server went away, a UserError) is a failed one, with its message."""
 
-    def __init__(self, options, wake: Callable[[], None]) -> None:
+    def __init__(self, options: SmokeOptions, wake: Callable[[], None]) -> None:
         self.options, self._wake = options, wake
-        self._verdicts: queue.SimpleQueue = queue.SimpleQueue()
+        self._verdicts: queue.SimpleQueue[tuple[int, Verdict]] = queue.SimpleQueue()
 
     def start(self, attempt: int) -> None:
         from sm120kit.errors import UserError
@@ -84,6 +87,7 @@ class ThreadSmoker:
         from sm120kit.quality.command import smoke
 
         def work() -> None:
+            verdict: Verdict
             try:
                 result = smoke(self.options)
                 stalled = [f"stopped sending early: {result.stalled}"] if result.stalled else []
@@ -98,7 +102,7 @@ class ThreadSmoker:
 
         threading.Thread(target=work, name="smoke", daemon=True).start()
 
-    def results(self) -> list[tuple[int, tuple[bool, str, list[str]]]]:
+    def results(self) -> list[tuple[int, Verdict]]:
         found = []
         while True:
             try:
@@ -123,7 +127,7 @@ class Supervisor:
         server: ServerSpec,
         policy: Policy,
         record: RunRecord,
-        out=None,
+        out: TextIO | None = None,
         echo: bool = True,
         log_max_bytes: int = 256 << 20,
         *,
@@ -131,7 +135,7 @@ class Supervisor:
         host: Host | None = None,  # None: this machine (LocalHost)
         prober: Prober | None = None,  # None: HTTP probes of the server, each in a thread
         smoker: Smoker | None = None,  # health.smoke: runs the smoke (None: ThreadSmoker of `smoke`)
-        smoke=None,  # the SmokeOptions for health.smoke
+        smoke: SmokeOptions | None = None,  # for health.smoke
     ) -> None:
         self.server, self.policy, self.record = server, policy, record
         self.out = out or sys.stdout
@@ -301,8 +305,13 @@ class Supervisor:
 
     # -- the end of a start ------------------------------------------------------------
 
+    def _running(self) -> Child:
+        """The server of the current start: the machine ends or stops one only while it runs."""
+        assert self._child is not None, "no server is running"
+        return self._child
+
     def _end_run(self, timeout: float, drain: bool = False) -> procs.StopReport:
-        child = self._child
+        child = self._running()
         report = self.host.stop(child.proc.pid, timeout, self._hurry, drain)
         if child.proc.returncode is None:  # reaped by the host's reap(): Popen must not wait for it again
             child.proc.returncode = -signal.SIGKILL
@@ -311,7 +320,7 @@ class Supervisor:
         return report
 
     def _stop(self) -> list[Action]:
-        pids = self.host.members(self._child.proc.pid)
+        pids = self.host.members(self._running().proc.pid)
         report = self._end_run(self.policy.stop_timeout_s, drain=True)
         ports = self._ports_taken()
         waited = self.clock.monotonic()

@@ -124,6 +124,11 @@ def set_gpu(module: ModuleType, capability: tuple[int, int] = (12, 0)) -> Module
     return module
 
 
+def _end(node: ast.stmt | ast.expr) -> int:
+    """The node's last line (the parser always sets it)."""
+    return node.end_lineno or node.lineno
+
+
 def _is_jit(node: ast.expr) -> bool:
     node = node.func if isinstance(node, ast.Call) else node
     return ast.unparse(node) in ("triton.jit", "jit")
@@ -148,25 +153,28 @@ def load_kernels(source: bytes, tmpdir: Path, helpers=HELPERS) -> ModuleType:
         if name not in wanted and not any(_is_jit(d) for d in funcs[name].decorator_list):
             wanted.add(name)
             todo += [n.id for n in ast.walk(funcs[name]) if isinstance(n, ast.Name) and n.id in funcs]
-    blank = set()
+    blank: set[int] = set()
     for node in tree.body:
         first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
         if isinstance(node, ast.FunctionDef) and (node.name in wanted or any(map(_is_jit, node.decorator_list))):
-            blank.update(n for d in node.decorator_list if not _is_jit(d) for n in range(d.lineno, d.end_lineno + 1))
+            blank.update(n for d in node.decorator_list if not _is_jit(d) for n in range(d.lineno, _end(d) + 1))
             continue
         if isinstance(node, ast.Import) or (isinstance(node, ast.ImportFrom) and not node.level):
-            roots = {(node.module if isinstance(node, ast.ImportFrom) else a.name).split(".")[0] for a in node.names}
+            roots = {
+                ((node.module or "") if isinstance(node, ast.ImportFrom) else a.name).split(".")[0] for a in node.names
+            }
             if roots <= set(sys.stdlib_module_names) | {"triton", "__future__"}:
                 continue
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _is_literal(node.value):
             continue
-        blank.update(range(first, node.end_lineno + 1))
+        blank.update(range(first, _end(node) + 1))
     lines = text.splitlines()
     kept = "\n".join("" if i + 1 in blank else line for i, line in enumerate(lines)) + "\n"
     name = "sglang_aot_" + hashlib.sha256(source + repr(helpers).encode()).hexdigest()[:16]
     path = Path(tmpdir) / f"{name}.py"
     path.write_text(kept)  # @triton.jit reads the source back with inspect.getsource
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None  # a .py file has both
     module = importlib.util.module_from_spec(spec)
     set_gpu(module)  # default args and annotations may name torch at definition time
     spec.loader.exec_module(module)
@@ -219,9 +227,9 @@ def capture_launches(module: ModuleType, kernel_names, entry: str, *args, **kwar
     for name, grid, positional, keywords in calls:
         kernel = kernels[name]
         names = [p.name for p in kernel.params]
-        args = {**dict(zip(names, positional)), **{k: v for k, v in keywords.items() if k in names}}
+        bound = {**dict(zip(names, positional)), **{k: v for k, v in keywords.items() if k in names}}
         options = {k: v for k, v in keywords.items() if k not in names}  # num_warps, num_stages, launch_pdl...
-        launches.append(Launch(kernel, args, options.pop("num_warps", 4), options.pop("num_stages", 3), options, grid))
+        launches.append(Launch(kernel, bound, options.pop("num_warps", 4), options.pop("num_stages", 3), options, grid))
     return launches
 
 

@@ -9,7 +9,7 @@ representative value of the same divisibility stands in for them."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,15 +82,15 @@ def unfit_tables(
         return []
     source = kernels.find_kernel_file(sglang.site).read_bytes()
     found = []
-    for path, (shape, table) in sorted(loaded.items()):
+    for path, (shape, configs) in sorted(loaded.items()):
         gemms = ("w2",) if path.name.endswith("_down.json") else ("w13", "w2")  # a _down table tiles the down GEMM
         try:
-            results = fit.fit_configs(source, shape, list(table.values()), gemms=gemms, jobs=jobs)
+            results = fit.fit_configs(source, shape, list(configs.values()), gemms=gemms, jobs=jobs)
         except UserError:  # a config sm120kit cannot model (a TMA launch): not judged
             continue
         over = [
             {"batch_size": m, "config": r.config, "shared": r.shared or r.at_least}
-            for m, r in zip(table, results)
+            for m, r in zip(configs, results)
             if not r.fits
         ]
         if over:
@@ -98,15 +98,13 @@ def unfit_tables(
     return found
 
 
-def on_this_gpu(target: Target, env: Mapping[str, str]) -> list[UnfitTable]:
-    """unfit_tables for GPU 0 of this machine when it is an SM120 card (none otherwise, or
-    when Triton, which compiles the kernel, is not importable here)."""
-    from sm120kit.node import nvml
-
+def on_this_gpu(target: Target, gpus: Sequence, env: Mapping[str, str]) -> list[UnfitTable]:
+    """unfit_tables for GPU 0 of `gpus` (this machine's, sm120kit.node.nvml.gpus_here) when it
+    is an SM120 card (none otherwise, or when Triton, which compiles the kernel, is not
+    importable here). The caller reads the GPUs: tune sits below the node package."""
     try:
-        gpus = nvml.read_gpus()
         import triton  # noqa: F401
-    except (nvml.NvmlUnavailable, ImportError):
+    except ImportError:
         return []
     if not gpus or not gpus[0].compute_capability.startswith("12."):
         return []

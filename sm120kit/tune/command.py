@@ -7,11 +7,18 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sm120kit.errors import UserError
 from sm120kit.exit_codes import ExitCode
 from sm120kit.tune import install as _install
 from sm120kit.tune.shape import MoeShape
+
+if TYPE_CHECKING:  # timing is imported when the candidates are timed, not to plan
+    from sm120kit.profiles.model import Profile
+    from sm120kit.target import Distribution, Target
+    from sm120kit.tune.model_config import NotTritonMoe
+    from sm120kit.tune.timing import TimingResult
 
 # sglang's tuning script's default batch sizes (benchmark/kernels/fused_moe_triton).
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
@@ -24,7 +31,7 @@ class TuneOptions:
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
     budget_s: float | None = None
     gpus: tuple[int, ...] | None = None  # None: every visible GPU
-    device_name: str | None = None  # None: GPU 0's, as sglang reads it
+    device_name: str | None = None  # GPU 0's (the cli reads it); None: no GPU here
     config_dir: Path | None = None  # $SGLANG_MOE_CONFIG_DIR instead of the package's directory
     model_config: Path | None = None  # None: from the profile's [model] path
     jobs: int | None = None
@@ -87,7 +94,7 @@ class TuneReport:
     loads_now: Path | None  # the table sglang loads today for this shape on this GPU (None: its defaults)
     loads_now_over: list[dict] = field(default_factory=list)  # its entries that do not fit sm_120
     batch_sizes: tuple[int, ...] = ()
-    timing: object | None = None  # timing.TimingResult once timed
+    timing: TimingResult | None = None  # once timed
     installed: bool = False
     interrupted: bool = False
     notes: list[str] = field(default_factory=list)
@@ -126,7 +133,7 @@ class TuneReport:
         }
 
 
-def tune_moe(options: TuneOptions, profile, target) -> TuneReport:
+def tune_moe(options: TuneOptions, profile: Profile, target: Target) -> TuneReport:
     """Plan (shape, candidates that fit sm_120, where the table goes, what sglang loads now);
     unless options.plan_only, time the candidates on the GPUs and install the winners."""
     from sm120kit.tune import fit, kernels, lookup, space
@@ -158,7 +165,7 @@ def tune_moe(options: TuneOptions, profile, target) -> TuneReport:
     fitting = [r.config for r in results if r.fits]
     over = sorted((r for r in results if not r.fits), key=lambda r: -(r.shared or r.at_least or 0))
     config_dir = _config_dir(options, profile)
-    if problem := _install.server_env_problem(profile.env, config_dir):
+    if problem := lookup.server_env_problem(profile.env, config_dir):
         raise UserError(f"profile {profile.name}: {problem}", _env_hint(profile, config_dir))
     result = TuneReport(
         profile=profile.name,
@@ -170,9 +177,9 @@ def tune_moe(options: TuneOptions, profile, target) -> TuneReport:
         kernel=str(kernel),
         space=len(candidates),
         fitting=fitting,
-        largest_fit=max((r.shared for r in results if r.fits), default=0),
+        largest_fit=max((r.shared or 0 for r in results if r.fits), default=0),  # a fit has its bytes
         rejected=_distinct_tiles(over)[:3],
-        device_name=options.device_name or _local_gpu_name(),
+        device_name=options.device_name,
         destination=None,
         loads_now=None,
         batch_sizes=options.batch_sizes,
@@ -182,7 +189,7 @@ def tune_moe(options: TuneOptions, profile, target) -> TuneReport:
             f"note: the kernels were compiled with Triton {result.compiler}; sglang runs with {triton_version}"
         )
     if result.device_name and triton_version:
-        _where(result, sglang, triton_version, config_dir, profile.env, source, options, compiler)
+        _where(result, sglang, result.device_name, triton_version, config_dir, profile.env, source, options, compiler)
     elif not result.device_name:
         result.notes.append("no GPU here: pass --device-name to see where the table goes and what sglang loads now")
     else:
@@ -208,7 +215,7 @@ def _distinct_tiles(results) -> list[dict]:
     return out
 
 
-def _with_triton_profile(exc, profile) -> UserError:
+def _with_triton_profile(exc: NotTritonMoe, profile: Profile) -> UserError:
     """NotTritonMoe's message, pointing at a shipped or local profile `<name>-triton` when one exists."""
     from sm120kit.profiles.loader import list_profiles
 
@@ -218,7 +225,7 @@ def _with_triton_profile(exc, profile) -> UserError:
     return exc
 
 
-def _config_dir(options: TuneOptions, profile) -> Path | None:
+def _config_dir(options: TuneOptions, profile: Profile) -> Path | None:
     """--config-dir, else the $SGLANG_MOE_CONFIG_DIR the profile's server runs with."""
     chosen = options.config_dir or (
         Path(profile.env[_install.CONFIG_DIR_ENV]) if profile.env.get(_install.CONFIG_DIR_ENV) else None
@@ -226,7 +233,7 @@ def _config_dir(options: TuneOptions, profile) -> Path | None:
     return chosen.expanduser().absolute() if chosen else None
 
 
-def _env_hint(profile, config_dir: Path | None) -> str:
+def _env_hint(profile: Profile, config_dir: Path | None) -> str:
     if config_dir is None:
         return f"drop {_install.CONFIG_DIR_ENV} from the profile's [env], or pass --config-dir with its value"
     return f'add {_install.CONFIG_DIR_ENV} = "{config_dir}" to [env] of {profile.source or profile.name}'
@@ -244,7 +251,7 @@ class Compiler:
 TUNE_EXTRA = "pip install 'sm120kit[tune]'"
 
 
-def find_compiler(target, python: str | None) -> Compiler:
+def find_compiler(target: Target, python: str | None) -> Compiler:
     """This environment's Triton; without one, the target's (when --python names an
     interpreter that has it); else a UserError naming the extra that installs it."""
     from sm120kit.tune import lookup
@@ -258,7 +265,7 @@ def find_compiler(target, python: str | None) -> Compiler:
     else:
         return Compiler(triton.__version__)
     there = lookup.installed_triton_version(target) if python else None
-    if there:
+    if there and python:
         return Compiler(there, Path(python))
     here = f"sm120kit's environment ({sys.executable}) has {why}"
     if python:
@@ -273,7 +280,7 @@ def find_compiler(target, python: str | None) -> Compiler:
     )
 
 
-def _model_config(profile, given: Path | None) -> Path | None:
+def _model_config(profile: Profile, given: Path | None) -> Path | None:
     """--model-config, else the profile's config.json (None: no [model] path, which
     moe_shape refuses). Where there is none: a profile known not to run its MoE on Triton
     says so first; otherwise the error names --model-config."""
@@ -294,7 +301,7 @@ def _model_config(profile, given: Path | None) -> Path | None:
         raise UserError(exc.message, f"pass the model's config.json with --model-config FILE, or {exc.hint}") from None
 
 
-def _not_triton_without_config(profile) -> UserError | None:
+def _not_triton_without_config(profile: Profile) -> UserError | None:
     """What the profile alone says about its MoE runner: an engine.moe_runner_backend other
     than triton, or (left to sglang) a `<name>-triton` profile of the same model that puts it
     on Triton, which exists because sglang's own choice is another kernel (Marlin, for
@@ -323,26 +330,25 @@ def _not_triton_without_config(profile) -> UserError | None:
     )
 
 
-def _local_gpu_name() -> str | None:
-    from sm120kit.node import nvml
-
-    try:
-        gpus = nvml.read_gpus()
-    except nvml.NvmlUnavailable:
-        return None
-    return gpus[0].name if gpus else None
-
-
 def _where(
-    result: TuneReport, sglang, triton_version: str, config_dir, env, source: bytes, options, compiler: Compiler
+    result: TuneReport,
+    sglang: Distribution,
+    device_name: str,
+    triton_version: str,
+    config_dir: Path | None,
+    env: dict[str, str],
+    source: bytes,
+    options: TuneOptions,
+    compiler: Compiler,
 ) -> None:
     """Where the tuned table goes, what sglang loads today for this shape on this GPU, and
     which of that table's configs do not fit sm_120 (a file copied from another card)."""
     from sm120kit.tune import fit, lookup
 
-    name = result.device_name
-    result.destination = lookup.config_destination(sglang, result.shape, name, triton_version, config_dir=config_dir)
-    loaded = lookup.what_sglang_loads(sglang, result.shape, name, triton_version, lookup.server_env(config_dir))
+    result.destination = lookup.config_destination(
+        sglang, result.shape, device_name, triton_version, config_dir=config_dir
+    )
+    loaded = lookup.what_sglang_loads(sglang, result.shape, device_name, triton_version, lookup.server_env(config_dir))
     if loaded is None:
         return
     result.loads_now = loaded.path
@@ -355,9 +361,15 @@ def _where(
     ]
 
 
-def _time_and_install(result: TuneReport, options: TuneOptions, profile, target, sglang, config_dir) -> TuneReport:
-    from platformdirs import user_cache_dir
-
+def _time_and_install(
+    result: TuneReport,
+    options: TuneOptions,
+    profile: Profile,
+    target: Target,
+    sglang: Distribution,
+    config_dir: Path | None,
+) -> TuneReport:
+    from sm120kit.caches import cache_dir
     from sm120kit.tune import timing
     from sm120kit.tune.install import TuneMeta, install_table
 
@@ -365,7 +377,7 @@ def _time_and_install(result: TuneReport, options: TuneOptions, profile, target,
         raise UserError("--site names files, not an interpreter: timing runs the target's python", "pass --python EXE")
     python = Path(options.python or sys.executable)
     gpus = list(options.gpus) if options.gpus is not None else list(range(len(timing.probe(python).devices)))
-    state = Path(user_cache_dir("sm120kit")) / "tune" / f"{profile.name}.json"
+    state = cache_dir("tune") / f"{profile.name}.json"
     if options.restart:
         state.unlink(missing_ok=True)
     timed = timing.time_candidates(

@@ -33,7 +33,9 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
+from sm120kit.caches import cache_dir
 from sm120kit.errors import UserError
 from sm120kit.tune import aot, kernels
 from sm120kit.tune.shape import MoeShape
@@ -44,7 +46,6 @@ from sm120kit.tune.shape import MoeShape
 FIT_TOKENS = 1024
 CANONICAL_GROUP_SIZE_M = 1
 TILE = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M")  # what varies within a family
-CACHE_ENV = "SM120KIT_CACHE_DIR"
 CRASHED = "the Triton compiler's process died on this config"
 MAX_DEATHS_IN_A_ROW = 4
 MAX_JOBS = 32
@@ -72,12 +73,7 @@ class FitResult:
 
 
 def default_cache_dir() -> Path:
-    configured = os.environ.get(CACHE_ENV)
-    if configured:
-        return Path(configured) / "smem"
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("sm120kit")) / "smem"
+    return cache_dir("smem")
 
 
 def default_jobs() -> int:
@@ -206,6 +202,7 @@ class _Sweep:
         return (stages - 1) * (m + n) * k, key
 
     def retry(self, key: str) -> None:
+        assert self.order is not None  # key was handed out by next_unit, which made the order
         self.order.append(key)
 
     def rule_out_known(self) -> None:
@@ -220,8 +217,9 @@ class _Sweep:
         found = [self.found.get(key) for key in keys]
         sizes = tuple(value[0] if value else None for value in found)
         error = next((value[1] for value in found if value and value[1]), None)
-        if None not in sizes:
-            shared = max(sizes)
+        compiled = [size for size in sizes if size is not None]
+        if len(compiled) == len(sizes):
+            shared = max(compiled)
             return FitResult(dict(config), shared, error is None and shared <= self.limit, error, sizes)
         return FitResult(dict(config), None, False, error, sizes, None if error else self.bound(keys))
 
@@ -237,7 +235,9 @@ def _compile_all(sweep: _Sweep, source, shape, arch, tokens, gemms, jobs, scratc
     init = {"source": str(scratch / "kernel.py"), "shape": shape.to_json(), "arch": arch, "tokens": tokens}
     init["gemms"] = list(gemms)
     lock, stop = threading.Lock(), threading.Event()
-    attempts, workers, deaths = {}, [], []  # deaths: logs of workers that died in a row
+    attempts: dict[str, int] = {}
+    workers: list[_Worker] = []
+    deaths: list[Path] = []  # logs of workers that died in a row
 
     def drive() -> None:
         worker = None
@@ -312,12 +312,13 @@ class _Worker:
                 stderr=stderr,
                 text=True,
             )
+        self.stdin, self.stdout = _pipes(self.proc)
         self.send(init)
 
     def send(self, message: dict) -> bool:
         try:
-            self.proc.stdin.write(json.dumps(message) + "\n")
-            self.proc.stdin.flush()
+            self.stdin.write(json.dumps(message) + "\n")
+            self.stdin.flush()
             return True
         except (BrokenPipeError, OSError, ValueError):
             return False
@@ -327,7 +328,7 @@ class _Worker:
         if not self.send({"config": config, "index": index}):
             self.kill()
             return None
-        line = self.proc.stdout.readline()
+        line = self.stdout.readline()
         if not line:
             self.kill()
             return None
@@ -336,7 +337,7 @@ class _Worker:
 
     def close(self) -> None:
         try:
-            self.proc.stdin.close()
+            self.stdin.close()
         except OSError:
             pass
         try:
@@ -348,6 +349,12 @@ class _Worker:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+
+
+def _pipes(proc: subprocess.Popen[str]) -> tuple[IO[str], IO[str]]:
+    """The stdin and stdout of a process started with both as PIPE (then never None)."""
+    assert proc.stdin is not None and proc.stdout is not None
+    return proc.stdin, proc.stdout
 
 
 def _serve(scratch: Path) -> None:
@@ -391,8 +398,8 @@ def _fit_elsewhere(
     needs no sm120kit: this package alone is put on its path (not this environment's
     site-packages, whose Triton it would find first), and the compile modules import nothing
     outside the standard library and Triton."""
-    with tempfile.TemporaryDirectory(prefix="sm120kit-fit-") as scratch:
-        scratch = Path(scratch)
+    with tempfile.TemporaryDirectory(prefix="sm120kit-fit-") as scratch_name:
+        scratch = Path(scratch_name)
         path = scratch / "path"
         path.mkdir()
         (path / "sm120kit").symlink_to(Path(__file__).resolve().parent.parent, target_is_directory=True)
@@ -415,11 +422,12 @@ def _fit_elsewhere(
         except OSError as exc:
             raise UserError(f"{python}: cannot run it to compile with its Triton: {exc}", _ELSEWHERE_HINT) from None
         answer: dict = {}
+        stdin, stdout = _pipes(proc)
         try:
             with contextlib.suppress(BrokenPipeError):
-                proc.stdin.write(json.dumps(request))
-                proc.stdin.close()
-            for line in proc.stdout:
+                stdin.write(json.dumps(request))
+                stdin.close()
+            for line in stdout:
                 with contextlib.suppress(ValueError):
                     event = json.loads(line)
                     if isinstance(event, dict) and "progress" in event and progress:

@@ -125,14 +125,14 @@ def both_gemms(shape: MoeShape, m: int) -> tuple[Gemm, Gemm]:
         raise UserError(f"MoE dtype {shape.dtype!r} has no Triton fused-MoE launch sm120kit knows ({known})")
     t, e, h, i, k = aot.FakeTensor, shape.experts, shape.hidden, shape.intermediate, shape.top_k
     block = shape.block_shape
-    grouped = bool(block) and block[0] == 0 and block[1] > 0  # moe_wna16's [0, group_size]
+    grouped = bool(block and block[0] == 0 and block[1] > 0)  # moe_wna16's [0, group_size]
     if (shape.dtype == "int4_w4a16" and not grouped) or (shape.dtype == "int8_w8a16" and block and not grouped):
         raise UserError(f"{shape.dtype} needs block_shape [0, group_size] (got {block}), as sglang's moe_wna16 sets it")
 
     def weights(n: int, kk: int) -> tuple[aot.FakeTensor, aot.FakeTensor | None]:
         if shape.dtype is None:
             return t((e, n, kk)), None
-        if grouped:  # moe_wna16: uint8, two int4 a byte; scales in the model's dtype
+        if grouped and block:  # moe_wna16: uint8, two int4 a byte; scales in the model's dtype
             pack = 2 if shape.dtype == "int4_w4a16" else 1
             return t((e, n, kk // pack), "uint8"), t((e, n, kk // block[1]))
         if shape.dtype == "int8_w8a16":  # channel-wise, no group: fused_moe_kernel's w8a16 path

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 from sm120kit.errors import UserError
 from sm120kit.target import Distribution, Target
@@ -131,6 +132,25 @@ def what_sglang_loads(
 def server_env(config_dir: Path | None) -> dict[str, str]:
     """The environment a server needs for sglang to look in `config_dir` (none: the package)."""
     return {CONFIG_DIR_ENV: str(config_dir)} if config_dir is not None else {}
+
+
+def server_env_problem(env: Mapping[str, str], config_dir: Path | None) -> str | None:
+    """What is wrong with a server environment (a profile's env) for tables installed in
+    `config_dir` (None: in the package), or None: sglang reads $SGLANG_MOE_CONFIG_DIR alone
+    when it is set, so it must name exactly the config dir, or be unset for the package."""
+    have = env.get(CONFIG_DIR_ENV)
+    if config_dir is None:
+        if have:
+            return (
+                f"the server's environment sets {CONFIG_DIR_ENV}={have}: sglang would not read tables "
+                f"installed in the package; install them there instead (--config-dir {have})"
+            )
+        return None
+    if not have:
+        return f"the server's environment does not set {CONFIG_DIR_ENV}: sglang would not read {config_dir}"
+    if os.path.normpath(have) != os.path.normpath(str(config_dir)):
+        return f"the server's environment sets {CONFIG_DIR_ENV}={have}, not {config_dir}"
+    return None
 
 
 def table_for_device(name: str, device_name: str) -> bool:
@@ -263,7 +283,7 @@ class _Lookup:
         self.env = env
         self.log = _Log()
         off = SimpleNamespace(enable_deterministic_inference=False)
-        self.namespace = {
+        self.namespace: dict[str, Any] = {
             "__name__": "sm120kit_sglang_moe_lookup",
             "__file__": str(self.path),  # the lookup's default root: dirname(realpath(__file__))
             "__builtins__": builtins,
@@ -339,7 +359,7 @@ def _compiled(filename: str, source: bytes):
         for arg in ast.walk(f.args):
             if isinstance(arg, ast.arg):
                 arg.annotation = None  # they name typing's names: nothing the lookup runs
-    code = compile(ast.Module(body=funcs, type_ignores=[]), filename, "exec", dont_inherit=True)
+    code = compile(ast.Module(body=list(funcs), type_ignores=[]), filename, "exec", dont_inherit=True)
     return code, _free_names(funcs)
 
 

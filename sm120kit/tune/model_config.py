@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import cast
 
 from packaging.version import Version
 
@@ -37,21 +38,16 @@ class Family:
     text_config: bool = False  # a multimodal wrapper: the numbers sit under "text_config"
 
 
-_DEEPSEEK = {
-    "experts": "n_routed_experts",
-    "intermediate": "moe_intermediate_size",
-    "top_k": "num_experts_per_tok",
-    "shared": "n_shared_experts",
-}
+_DEEPSEEK = Family("n_routed_experts", "moe_intermediate_size", "num_experts_per_tok", shared="n_shared_experts")
 _QWEN = Family("num_experts", "moe_intermediate_size", "num_experts_per_tok")  # shared experts (Qwen2) run apart
 
 # By config.json's architectures[0], as sglang picks the model class.
 FAMILIES: dict[str, Family] = {
-    "DeepseekV2ForCausalLM": Family(**_DEEPSEEK),  # the gate only knows the V3 class (models/deepseek_v2.py)
-    "DeepseekV3ForCausalLM": Family(**_DEEPSEEK, fusion="deepseek"),  # DeepSeek-V3/R1, Kimi K2 / K2-Thinking
-    "GlmMoeDsaForCausalLM": Family(**_DEEPSEEK, fusion="deepseek"),  # GLM-5 (models/glm4_moe.py)
-    "KimiK25ForConditionalGeneration": Family(**_DEEPSEEK, fusion="deepseek", text_config=True),  # Kimi K2.5
-    "Glm4MoeForCausalLM": Family(**_DEEPSEEK, fusion="glm4"),  # GLM-4.5 / 4.6 / 4.7
+    "DeepseekV2ForCausalLM": _DEEPSEEK,  # the gate only knows the V3 class (models/deepseek_v2.py)
+    "DeepseekV3ForCausalLM": replace(_DEEPSEEK, fusion="deepseek"),  # DeepSeek-V3/R1, Kimi K2 / K2-Thinking
+    "GlmMoeDsaForCausalLM": replace(_DEEPSEEK, fusion="deepseek"),  # GLM-5 (models/glm4_moe.py)
+    "KimiK25ForConditionalGeneration": replace(_DEEPSEEK, fusion="deepseek", text_config=True),  # Kimi K2.5
+    "Glm4MoeForCausalLM": replace(_DEEPSEEK, fusion="glm4"),  # GLM-4.5 / 4.6 / 4.7
     "Qwen3MoeForCausalLM": _QWEN,
     "Qwen2MoeForCausalLM": _QWEN,
     "MixtralForCausalLM": Family("num_local_experts", "intermediate_size", "num_experts_per_tok"),
@@ -319,8 +315,8 @@ def _family(cfg: _Config) -> tuple[Family, _Config]:
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
     family = FAMILIES.get(arch or "")
     if family is None:
-        text = cfg.sub("text_config") or cfg
-        if not any(text.get(k) for k in EXPERT_KEYS):
+        sizes = cfg.sub("text_config") or cfg
+        if not any(sizes.get(k) for k in EXPERT_KEYS):
             raise UserError(
                 f"{cfg.path}: {arch or 'this model'} has no MoE (none of {', '.join(EXPERT_KEYS)} is set): "
                 "there is no fused-MoE kernel to tune",
@@ -330,11 +326,9 @@ def _family(cfg: _Config) -> tuple[Family, _Config]:
             f"{cfg.path}: architectures = {archs!r} is a MoE sm120kit does not know how to read",
             f"known: {', '.join(FAMILIES)}",
         )
-    text = cfg
-    if family.text_config:
-        text = cfg.sub("text_config")
-        if text is None:
-            raise UserError(f"{cfg.path}: text_config is missing ({arch} keeps its sizes there)", None)
+    text = cfg.sub("text_config") if family.text_config else cfg
+    if text is None:
+        raise UserError(f"{cfg.path}: text_config is missing ({arch} keeps its sizes there)", None)
     if not text.get(family.experts):
         raise UserError(
             f"{cfg.path}: {text.key(family.experts)} is not set: {arch} without experts is a dense model, "
@@ -438,7 +432,9 @@ def _compressed_tensors(qcfg: dict | None, where: str) -> Quant:
         raise UserError(
             f"{where}.config_groups holds several schemes: sm120kit cannot tell which one the experts use", None
         )
-    weights = scheme.get("weights") if isinstance(scheme.get("weights"), dict) else {}
+    weights = scheme.get("weights")
+    if not isinstance(weights, dict):
+        weights = {}
     acts = scheme.get("input_activations")
     kind, bits, strategy = weights.get("type"), weights.get("num_bits"), weights.get("strategy")
     group = weights.get("group_size")
@@ -462,7 +458,8 @@ def _compressed_tensors(qcfg: dict | None, where: str) -> Quant:
         return Quant(
             name,
             dtype="int4_w4a16",
-            block_shape=(0, group),  # the kernel's group size; sglang leaves [0, k] out of the file name
+            # the kernel's group size (32 or 128: triton_ok says so); sglang leaves [0, k] out of the file name
+            block_shape=(0, cast(int, group)),
             pack=2,
             triton="on-request",
             runner="marlin",

@@ -1,10 +1,18 @@
 """tune-moe's report as text: the shape, the candidates that fit sm_120, where the table goes,
-and (after timing) the best config per batch size against sglang's default, fitted to a width."""
+and (after timing) the best config per batch size against sglang's default, fitted to a width;
+and the MoE config tables that tune-moe installed, as `status` lists them."""
 
 from __future__ import annotations
 
+import sys
+from typing import TYPE_CHECKING
+
 from sm120kit import report
-from sm120kit.tune.command import TuneReport
+
+if TYPE_CHECKING:  # `status` lists the installed tables: it need not load the tune-moe command
+    from sm120kit.tune.command import TuneReport
+    from sm120kit.tune.installed import InstalledTable, Inventory
+    from sm120kit.tune.timing import TimingResult
 
 
 def tile(config: dict) -> str:
@@ -55,7 +63,7 @@ def text(r: TuneReport, width: int | None) -> str:
         lines.append(report.wrap(f"tuned table goes to: {r.destination}", width))
     lines.append(report.wrap(f"batch sizes: {', '.join(map(str, r.batch_sizes))}", width))
     if r.timing is not None:
-        lines += ["", timing_table(r, width)]
+        lines += ["", timing_table(r.timing, width)]
     lines += [report.wrap(note, width) for note in r.notes]
     return "\n".join(lines)
 
@@ -66,9 +74,9 @@ def compiled_by(r: TuneReport) -> str:
     return f"here with Triton {r.compiler}"
 
 
-def timing_table(r: TuneReport, width: int | None) -> str:
+def timing_table(timing: TimingResult, width: int | None) -> str:
     rows = []
-    for row in r.timing.rows:
+    for row in timing.rows:
         rows.append(
             [
                 str(row.batch_size),
@@ -79,3 +87,56 @@ def timing_table(r: TuneReport, width: int | None) -> str:
             ]
         )
     return report.table(["batch", "default us", "tuned us", "speedup", "best config"], rows, width)
+
+
+# -- the tables tune-moe installed (status) ---------------------------------------------
+
+
+def tuned_json(inventory: Inventory) -> dict:
+    return {
+        "tuned": [t.as_json() for t in inventory.tables],
+        "tuned_problems": inventory.problems,
+        "tuned_notes": inventory.notes,
+    }
+
+
+def print_tuned(inventory: Inventory, width: int | None = None) -> None:
+    """`status`: the MoE config tables tune-moe installed, after the patches."""
+    for problem in inventory.problems:
+        print(report.error_text(f"error: {problem}", wide=width is None), file=sys.stderr)
+    for note in inventory.notes:
+        print(report.wrap(note, width))
+    if inventory.tables:
+        print()
+        print(tuned_table(inventory.tables, width))
+
+
+def _config_name(t: InstalledTable) -> str:
+    """The file name without the GPU (its own column) and .json: E=..,N=..[,dtype=..][_down]."""
+    device = t.entry.device_name.replace(" ", "_")
+    return t.path.name.replace(f",device_name={device}", "").removesuffix(".json")
+
+
+def tuned_table(tables: list[InstalledTable], width: int | None = None) -> str:
+    """One row per table: what it is for (sglang, Triton, when) and its state. Fitted to a
+    width, the GPU, the file and what the installed sglang makes of it follow on a line of
+    their own; with --wide they are the last columns."""
+    headers = ["MOE CONFIG", "KIND", "SGLANG", "TRITON", "TUNED", "STATE"]
+    rows = [
+        [
+            _config_name(t),
+            t.entry.kind,
+            t.entry.version,
+            t.entry.triton_version,
+            t.entry.tuned_at[:10] or report.NONE,
+            t.state.value + (" (stale)" if t.stale and t.entry.kind == "tuned" else ""),
+        ]
+        for t in tables
+    ]
+    if width is None:
+        return report.table(
+            [*headers, "GPU", "FILE", "NOTE"],
+            [[*r, t.entry.device_name, str(t.path), t.note] for r, t in zip(rows, tables)],
+        )
+    notes = [f"{t.entry.device_name}: {t.path}: {t.note}" for t in tables]
+    return report.table(headers, rows, width, narrow=(0,), notes=notes)

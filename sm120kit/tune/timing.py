@@ -24,7 +24,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import TypeAlias
 
+from sm120kit.atomic_write import write_atomic
 from sm120kit.errors import UserError
 from sm120kit.tune.shape import MoeShape
 
@@ -202,8 +204,7 @@ def load_state(path: Path, key: str) -> tuple[dict[int, BatchTiming], str | None
 
 
 def save_state(path: Path, key: str, fields: dict, rows: dict[int, BatchTiming]) -> None:
-    """Written whole, atomically (a temp file in the same directory, fsync, rename): a kill at any
-    point leaves the old state or the new one."""
+    """Written whole (write_atomic): a kill at any point leaves the old state or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {
         "version": STATE_VERSION,
@@ -211,12 +212,7 @@ def save_state(path: Path, key: str, fields: dict, rows: dict[int, BatchTiming])
         "key_fields": fields,
         "batches": {str(m): row.to_json() for m, row in sorted(rows.items())},
     }
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=1).encode())
 
 
 # ----------------------------------------------------------------------------- workers
@@ -233,10 +229,14 @@ def visible_device(gpu: int) -> str:
     return str(gpu)
 
 
+# (the worker, its event; None: its output ended)
+_Events: TypeAlias = "queue.Queue[tuple[Worker, dict | None]]"
+
+
 class Worker:
     """One worker process on one GPU, with threads that turn its output into events on a queue."""
 
-    def __init__(self, python: Path, script: Path, gpu: int, job: dict, events: queue.Queue) -> None:
+    def __init__(self, python: Path, script: Path, gpu: int, job: dict, events: _Events) -> None:
         self.gpu = gpu
         self.batch: dict | None = None  # the request in flight
         self.results: list[dict] = []  # its result events so far
@@ -257,6 +257,9 @@ class Worker:
             env=env,
             start_new_session=True,  # its own process group: Ctrl-C reaches us, and we end it whole
         )
+        stdin, stdout, stderr = self.proc.stdin, self.proc.stdout, self.proc.stderr
+        assert stdin is not None and stdout is not None and stderr is not None  # all three are pipes
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self._threads = [
             threading.Thread(target=self._read_stdout, args=(events,), daemon=True),
             threading.Thread(target=self._read_stderr, daemon=True),
@@ -265,8 +268,8 @@ class Worker:
             thread.start()
         self.send(job)
 
-    def _read_stdout(self, events: queue.Queue) -> None:
-        for line in self.proc.stdout:
+    def _read_stdout(self, events: _Events) -> None:
+        for line in self.stdout:
             try:
                 event = json.loads(line)
             except ValueError:
@@ -277,13 +280,13 @@ class Worker:
         events.put((self, None))  # end of output: the worker is gone
 
     def _read_stderr(self) -> None:
-        for line in self.proc.stderr:
+        for line in self.stderr:
             self.stderr_tail.append(line.rstrip())
 
     def send(self, message: dict) -> None:
         try:
-            self.proc.stdin.write(json.dumps(message) + "\n")
-            self.proc.stdin.flush()
+            self.stdin.write(json.dumps(message) + "\n")
+            self.stdin.flush()
         except (BrokenPipeError, OSError):
             pass  # it died: its end of output says so
 
@@ -295,7 +298,7 @@ class Worker:
         """No more work: close its stdin and let it exit."""
         self.finished = True
         with contextlib.suppress(OSError):
-            self.proc.stdin.close()
+            self.stdin.close()
 
     def kill(self) -> None:
         """SIGTERM to its process group, SIGKILL after a grace period."""
@@ -308,7 +311,7 @@ class Worker:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+        for stream in (self.stdin, self.stdout, self.stderr):
             with contextlib.suppress(OSError):
                 stream.close()
 
@@ -460,7 +463,7 @@ class _Run:
             "stream": True,
             **settings,
         }
-        self.events: queue.Queue = queue.Queue()
+        self.events: _Events = queue.Queue()
         self.workers: dict[int, Worker] = {}
         self.total, self.counted = total, 0
         self.notes: list[str] = []
@@ -490,7 +493,7 @@ class _Run:
             return
         m = queue_.pop(0)
         carried = self.carry.get(m, {})
-        request = {"batch_size": m}
+        request: dict[str, object] = {"batch_size": m}
         if carried.get("skip"):
             request["skip"] = sorted(carried["skip"])
         worker.request(request)
@@ -565,17 +568,18 @@ class _Run:
 
     def _handle(self, worker: Worker, event: dict | None, queue_: list[int], done: dict, save) -> None:
         kind = event["event"] if event else "gone"
+        said = event or {}  # the event, where it is one
         if kind == "reference":
             worker.reference_seen = True
-            worker.reference = event
+            worker.reference = said
         elif kind == "batch":
-            worker.default = event.get("default") or {}
+            worker.default = said.get("default") or {}
         elif kind == "result":
-            worker.results.append(event)
+            worker.results.append(said)
             self._tick(worker)
         elif kind == "done":
-            m = event["batch_size"]
-            done[m] = self._row(worker, event)
+            m = said["batch_size"]
+            done[m] = self._row(worker, said)
             self.carry.pop(m, None)
             save()
             self._dispatch(worker, queue_)

@@ -247,14 +247,14 @@ def _stand_in_sgl_kernel(triton) -> None:
         module = types.ModuleType(name)
         module.__file__ = "<sm120kit stand-in>"
         module.__path__ = []  # a package: `from sgl_kernel.quantization import ...` resolves too
-        module.__version__ = "0.0.0+stand-in"
 
         def attribute(attr: str):
             if attr.startswith("__"):  # the import system's probes (__spec__, __all__, ...)
                 raise AttributeError(attr)
             return provided.get(attr) or StandInName(f"{name}.{attr}")
 
-        module.__getattr__ = attribute
+        # (through __dict__: a module's type names neither attribute)
+        module.__dict__.update(__version__="0.0.0+stand-in", __getattr__=attribute)
         return module
 
     class Loader:
@@ -460,7 +460,7 @@ class Problem:
         self.w2, self.w2_scale, self.a2_scale = self._weights(self.H, self.I, gen)
         if self.device == "cuda":
             torch.cuda.empty_cache()  # the temporaries' memory back to the GPU, for its other processes
-        self.batch: dict | None = None
+        self.batch: dict = {}  # start_batch's, before any use
 
     def _weights(self, n: int, k: int, gen):
         torch, E = self.torch, self.E

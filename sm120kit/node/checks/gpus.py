@@ -3,8 +3,15 @@ profile, persistence, PCIe links, processes holding memory, peer-to-peer, topolo
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sm120kit.node.check import Check, Status
 from sm120kit.node.nvml_schema import Gpu, visible
+
+if TYPE_CHECKING:
+    from sm120kit.node.registry import CheckInputs
+    from sm120kit.node.snapshot import Snapshot
+    from sm120kit.profiles.model import Profile
 
 CUDA_FOR_SM120 = 12080  # CUDA 12.8: the first toolkit and driver API with sm_120
 DEFAULT_MEM_FRACTION = 0.8  # sglang's --mem-fraction-static when the profile leaves it out
@@ -23,7 +30,7 @@ def ranges(indices: list[int]) -> str:
     return ", ".join(out)
 
 
-def driver(inputs) -> Check:
+def driver(inputs: CheckInputs) -> Check:
     nvml = inputs.node.nvml
     if nvml.error:  # the gpus check leaves this failure to this check when both run
         missing = "nvidia-ml-py" in nvml.error
@@ -53,7 +60,7 @@ def _inventory(seen: list[Gpu]) -> str:
     return f"{len(seen)} GPU(s): " + "; ".join(f"{ranges(ix)}: {n}" for n, ix in names.items())
 
 
-def gpus(inputs) -> Check:
+def gpus(inputs: CheckInputs) -> Check:
     """The GPUs a server with the profile would see (CUDA_VISIBLE_DEVICES applied): their
     count, compute capability, memory size and free memory against the profile."""
     node, profile = inputs.node, inputs.profile
@@ -101,18 +108,18 @@ def gpus(inputs) -> Check:
     return Check("gpus", Status.FAIL, detail + " — " + "; ".join(hardware + memory), "; ".join([*fixes, NO_GPU_CHECK]))
 
 
-def _hardware_problems(profile, who: str, seen: list[Gpu], found: str) -> list[str]:
+def _hardware_problems(profile: Profile, who: str, seen: list[Gpu], found: str) -> list[str]:
     need, cc, size_gb = profile.node.gpus, profile.node.compute_capability, profile.node.gpu_memory_gb
     used = seen[:need]
     problems = [f"{who} needs {need} GPUs, {len(seen)} {found}"] if len(seen) < need else []
-    if wrong := [g.index for g in used if cc and g.compute_capability != cc]:
+    if cc and (wrong := [g.index for g in used if g.compute_capability != cc]):
         problems.append(f"{who} is for compute capability {cc} (SM{cc.replace('.', '')}); GPU {ranges(wrong)} is not")
     if small := [g.index for g in used if size_gb and g.memory_total_mib < size_gb * 0.95 * 1000**3 / (1 << 20)]:
         problems.append(f"{who} is sized for {size_gb} GB per GPU; GPU {ranges(small)} has less")
     return problems
 
 
-def _memory_problems(profile, used: list[Gpu]) -> list[str]:
+def _memory_problems(profile: Profile, used: list[Gpu]) -> list[str]:
     """sglang takes mem_fraction_static of each GPU's memory at start: it must be free."""
     fraction = profile.engine.mem_fraction_static or DEFAULT_MEM_FRACTION
     problems = []
@@ -126,7 +133,7 @@ def _memory_problems(profile, used: list[Gpu]) -> list[str]:
     return problems
 
 
-def persistence(inputs) -> Check:
+def persistence(inputs: CheckInputs) -> Check:
     found = inputs.node.gpus
     if off := [g.index for g in found if g.persistence_mode is False]:
         return Check(
@@ -138,7 +145,7 @@ def persistence(inputs) -> Check:
     return Check("persistence", Status.OK if found else Status.INFO, "on" if found else "no GPU")
 
 
-def pcie(inputs) -> Check:
+def pcie(inputs: CheckInputs) -> Check:
     found = inputs.node.gpus
     if narrow := [g for g in found if g.pcie.narrow]:
         what = "; ".join(f"GPU {g.index} at x{g.pcie.width} of x{g.pcie.max_width}" for g in narrow)
@@ -154,7 +161,7 @@ def pcie(inputs) -> Check:
     return Check("pcie", Status.OK, "full width: " + ", ".join(links) + " (an idle GPU may show a lower generation)")
 
 
-def gpu_processes(inputs) -> Check:
+def gpu_processes(inputs: CheckInputs) -> Check:
     found = inputs.node.gpus
     if busy := [(g.index, pid, mib) for g in found for pid, mib in g.processes.items()]:
         listing = ", ".join(f"pid {pid} on GPU {i} ({mib} MiB)" for i, pid, mib in busy)
@@ -167,7 +174,7 @@ def gpu_processes(inputs) -> Check:
     return Check("gpu processes", Status.OK if found else Status.INFO, "none" if found else "no GPU")
 
 
-def peer_to_peer(inputs) -> Check:
+def peer_to_peer(inputs: CheckInputs) -> Check:
     from sm120kit.node.checks.system import virtualisation
 
     count = len(inputs.node.gpus)
@@ -188,7 +195,7 @@ def peer_to_peer(inputs) -> Check:
     )
 
 
-def numa_of(node, bus_id: str) -> int | None:
+def numa_of(node: Snapshot, bus_id: str) -> int | None:
     """/sys/bus/pci/devices/<domain:bus:dev.fn>/numa_node; NVML's bus id has an 8-digit domain."""
     domain, _, rest = bus_id.lower().partition(":")
     value = node.text(f"/sys/bus/pci/devices/{domain[-4:]}:{rest}/numa_node")
@@ -198,7 +205,7 @@ def numa_of(node, bus_id: str) -> int | None:
         return None
 
 
-def topology(inputs) -> Check:
+def topology(inputs: CheckInputs) -> Check:
     """The NUMA node of each GPU (from /sys): GPUs on two or more sockets need NCCL_P2P_LEVEL=SYS
     to keep P2P between them. Unknown NUMA nodes (NVML replayed on another machine, or no
     /sys entry) are said to be unknown, never grouped."""

@@ -15,9 +15,15 @@ import json
 import os
 import signal
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sm120kit.node.check import Check, Status
+
+if TYPE_CHECKING:
+    from sm120kit.node.registry import CheckInputs
+    from sm120kit.target import Target
 
 ID = "imports"
 TIMEOUT_S = 60.0  # the probe reads ~1,100 files of sglang 0.5.23 in under a second
@@ -42,14 +48,19 @@ def entry_points(launch) -> tuple[tuple[str, str], ...]:
     return tuple(dict.fromkeys(heads))
 
 
-def imports(inputs) -> Check | None:
+def imports(inputs: CheckInputs) -> Check | None:
     """serve's preflight check; None where nothing is started with `python -m`."""
     if not inputs.entry_points:
         return None
     return judge(inputs.entry_points, inputs.server_env, inputs.node.target)
 
 
-def judge(entry_points, env: dict[str, str], target=None, timeout_s: float | None = None) -> Check:
+def judge(
+    entry_points: Iterable[tuple[str, str]],
+    env: dict[str, str],
+    target: Target | None = None,
+    timeout_s: float | None = None,
+) -> Check:
     """One probe per interpreter; the worst verdict, with what each said."""
     by_python: dict[str, list[str]] = {}
     for python, module in entry_points:
@@ -65,7 +76,7 @@ def judge(entry_points, env: dict[str, str], target=None, timeout_s: float | Non
     return Check(ID, Status.INFO, "nothing to read")
 
 
-def _judge_one(python: str, modules: list[str], env: dict[str, str], target, timeout_s: float) -> Check:
+def _judge_one(python: str, modules: list[str], env: dict[str, str], target: Target | None, timeout_s: float) -> Check:
     what = " and ".join(WHAT.get(m, m) for m in modules)
     roots = [r for m in modules for r in (m, *(f"?{also}" for also in ALSO.get(m, ())))]
     said = probe(python, roots, env, timeout_s)
@@ -110,7 +121,7 @@ def _judge_one(python: str, modules: list[str], env: dict[str, str], target, tim
     return Check(ID, Status.OK, f"{python} has every package {what} imports (read from {files})")
 
 
-def _distribution(module: str, target) -> str | None:
+def _distribution(module: str, target: Target | None) -> str | None:
     """'sglang==0.5.23' for a module of sglang (the version where the target knows it)."""
     name = DISTRIBUTION.get(module.split(".")[0])
     dist = target.find(name) if target is not None and name else None

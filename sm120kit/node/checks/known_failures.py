@@ -4,13 +4,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sm120kit.errors import UserError
 from sm120kit.node.check import Check, Status
+
+if TYPE_CHECKING:
+    from sm120kit.node.registry import CheckInputs
 
 ID = "known failures"
 
 
-def known_failures(inputs) -> Check | None:
+def known_failures(inputs: CheckInputs) -> Check | None:
     from sm120kit.catalogue import rules
     from sm120kit.profiles.flags import read_schema
     from sm120kit.profiles.render import render
@@ -19,7 +24,7 @@ def known_failures(inputs) -> Check | None:
     if profile is None or profile.fleet is not None or not profile.model.path:
         return None
     dist = target.find("sglang") if target is not None else None
-    if dist is None:
+    if target is None or dist is None:
         return Check(ID, Status.INFO, "no sglang to render the profile for")
     try:
         launch = render(profile, read_schema(dist), "python")

@@ -25,9 +25,15 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sm120kit.errors import UserError
 from sm120kit.node.check import Check, Status
+
+if TYPE_CHECKING:
+    from sm120kit.node.nvml_schema import Gpu
+    from sm120kit.node.registry import CheckInputs
+    from sm120kit.node.snapshot import Snapshot
 
 ID = "nccl all-reduce"
 WORKER = Path(__file__).resolve().parent.parent / "nccl_probe.py"
@@ -176,7 +182,7 @@ def probe(
 
 
 def _logged_transports(scratch: Path) -> list[str]:
-    found = set()
+    found: set[str] = set()
     for path in scratch.glob("nccl.*.log*"):
         try:
             found.update(m.group(1) for m in TRANSPORT.finditer(path.read_text(errors="replace")))
@@ -267,7 +273,7 @@ def _read_events(mode: str, out: str, code: int | None, err: str, hung: bool) ->
 # ----------------------------------------------------------------------------- the check
 
 
-def farthest_pair(node, seen: list) -> tuple[list, str]:
+def farthest_pair(node: Snapshot, seen: list[Gpu]) -> tuple[list[Gpu], str]:
     """The two visible GPUs whose link NVML ranks farthest (across the sockets first), and the
     link's name; the first two when NVML gave no topology."""
     position = {g.index: i for i, g in enumerate(node.gpus)}
@@ -285,7 +291,7 @@ def farthest_pair(node, seen: list) -> tuple[list, str]:
     return best, link
 
 
-def nccl_all_reduce(inputs) -> Check:
+def nccl_all_reduce(inputs: CheckInputs) -> Check:
     asked: Request | None = inputs.nccl
     if asked is None:
         return Check(
@@ -377,6 +383,7 @@ def judge(names: str, on: ProbeRun, off: ProbeRun, server_disables: bool, timeou
         if not on.ok or any(t.startswith("P2P") for t in on.transport) or not on.transport
         else (" (NCCL did not use P2P between these GPUs)")
     )
+    on_gbps, off_gbps = on.busbw_gbps or 0.0, off.busbw_gbps or 0.0  # compared only where both runs are ok: set
     if server_disables:
         said = "the server's environment sets NCCL_P2P_DISABLE"
         if not off.ok:
@@ -388,7 +395,7 @@ def judge(names: str, on: ProbeRun, off: ProbeRun, server_disables: bool, timeou
             )
         if not on.ok:
             return Check(ID, Status.OK, figures + f": P2P is broken here, and {said}")
-        if on.busbw_gbps * SLOWER > off.busbw_gbps and not p2p_note:
+        if on_gbps * SLOWER > off_gbps and not p2p_note:
             return Check(
                 ID,
                 Status.WARN,
@@ -398,7 +405,7 @@ def judge(names: str, on: ProbeRun, off: ProbeRun, server_disables: bool, timeou
         return Check(ID, Status.OK, figures + f" ({said})")
     if not on.ok:
         return Check(ID, Status.FAIL, figures + ": the server's NCCL would use P2P, and P2P does not work", FIX_HANG)
-    if off.ok and on.busbw_gbps < off.busbw_gbps * SLOWER:
+    if off.ok and on_gbps < off_gbps * SLOWER:
         return Check(
             ID,
             Status.WARN,

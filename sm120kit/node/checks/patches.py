@@ -6,13 +6,20 @@ their proven window warn. data["findings"] is each patch's outcome, as bench rec
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sm120kit.node.check import Check, Status
+
+if TYPE_CHECKING:
+    from sm120kit.node.registry import CheckInputs
+    from sm120kit.patching.planning import Plan
+    from sm120kit.target import Target
 
 NO_PATCH_CHECK = "or `sm120kit serve --no-patch-check` to start anyway"
 UNPROVEN = "run by the shape of the code on a release newer than they were proven on: watch the first requests"
 
 
-def patches(inputs) -> Check:
+def patches(inputs: CheckInputs) -> Check:
     target = inputs.node.target
     if target is None or not target.find("sglang"):
         return Check("patches", Status.INFO, "no sglang to check")
@@ -59,7 +66,7 @@ def patches(inputs) -> Check:
     )
 
 
-def _plan(target, inputs):
+def _plan(target: Target, inputs: CheckInputs) -> tuple[Plan, int]:
     """The plan over the patches judged, and how many they are."""
     from sm120kit.patching import planning
     from sm120kit.patching.registry import load_patches, select

@@ -6,17 +6,23 @@ caller (CheckInputs.processes and .runs): serve's, which node does not import.""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from sm120kit.endpoint import bad_key_char
 from sm120kit.errors import UserError
 from sm120kit.node.check import Check, Status
+
+if TYPE_CHECKING:
+    from sm120kit.node.registry import CheckInputs
+    from sm120kit.profiles.model import Profile
 
 ZMQ_TCP_PORT_DELTA = 233  # sglang server_args.py: dp-attention's ZMQ ports sit at --port + 233
 DP_ATTENTION_PORTS = 6  # dist_init_port, port_base, detokenizer, rpc, metrics, scheduler input
 STALE_STOP_TIMEOUT_S = 10.0
 MIN_KEY_LENGTH = 8  # shorter is no secret, and its text would turn up all over the log that sm120kit redacts
-KEY_CHAR_NAMES = {"\r": "a carriage return", "\n": "a newline", " ": "a space", "\t": "a tab"}
 
 
-def port_plan(profile) -> list[tuple[str, str, int]]:
+def port_plan(profile: Profile) -> list[tuple[str, str, int]]:
     """(what, host, port) for every TCP port the server will bind, from --port as sglang
     derives them (PortArgs.init_new): the HTTP port; --nccl-port when the profile fixes it;
     with --enable-dp-attention on one node, port+233 and the five after it; on rank 0 of a
@@ -35,7 +41,7 @@ def port_plan(profile) -> list[tuple[str, str, int]]:
     return plan
 
 
-def _port(value, key: str, profile) -> int:
+def _port(value: object, key: str, profile: Profile) -> int:
     text = str(value)
     if not text.isdigit() or not 1 <= int(text) <= 65535:
         raise UserError(
@@ -45,7 +51,7 @@ def _port(value, key: str, profile) -> int:
     return int(text)
 
 
-def ports(inputs) -> Check:
+def ports(inputs) -> Check:  # (inputs.processes is serve's procs module: typed in a later pass)
     procs = inputs.processes
     plan = port_plan(inputs.profile)
     taken = []
@@ -70,7 +76,7 @@ def ports(inputs) -> Check:
     return Check("ports", Status.OK, "free: " + ", ".join(str(port) for _, _, port in plan))
 
 
-def stale_processes(inputs) -> Check:
+def stale_processes(inputs) -> Check:  # (as ports)
     """sglang processes left from an earlier run: ours (the marker) whose supervisor is
     gone, and orphans (a scheduler whose launcher died: re-parented to PID 1 or to some
     subreaper). A healthy server someone else started is named and left alone; so is one
@@ -118,22 +124,10 @@ def stale_processes(inputs) -> Check:
     return Check("stale processes", Status.OK, f"stopped {len(stale)}: {listing}{note}")
 
 
-def bad_key_char(key: str) -> str | None:
-    """Where and what the first character is that has no place in a bearer token (one word
-    of printable ASCII): "ends with a carriage return". A key file written on another OS
-    ends in \\r\\n, and a header with it made the probe raise, the key in its message."""
-    for i, char in enumerate(key):
-        if "!" <= char <= "~":
-            continue
-        what = KEY_CHAR_NAMES.get(char) or ("a non-ASCII character" if ord(char) > 0x7F else "a control character")
-        where = "starts with" if i == 0 else "ends with" if i == len(key) - 1 or key[i:].strip() == "" else "contains"
-        return f"{where} {what}"
-    return None
-
-
-def api_key(inputs) -> Check | None:
-    """None when the profile names no key variable: nothing to check."""
-    name = inputs.profile.server.api_key_env
+def api_key(inputs: CheckInputs) -> Check | None:
+    """None when the profile names no key variable: nothing to check (serve's preflight, which
+    always has a profile)."""
+    name = inputs.profile.server.api_key_env if inputs.profile else None
     if not name:
         return None
     key = inputs.server_env.get(name)

@@ -6,14 +6,18 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sm120kit.node.check import Check, Status
 from sm120kit.node.nvml_schema import visible
 
+if TYPE_CHECKING:
+    from sm120kit.node.registry import CheckInputs
+
 PACKAGES = ("torch", "sglang", "flashinfer-python", "triton")
 
 
-def environment(inputs) -> Check:
+def environment(inputs: CheckInputs) -> Check:
     node, profile = inputs.node, inputs.profile
     problems, warns = [], []
     cvd = node.env.get("CUDA_VISIBLE_DEVICES")
@@ -50,7 +54,7 @@ def environment(inputs) -> Check:
     return Check("environment", Status.OK, "CUDA and NCCL variables consistent")
 
 
-def software(inputs) -> Check:
+def software(inputs: CheckInputs) -> Check:
     """The versions that matter, also recorded by bench (data["versions"])."""
     target = inputs.node.target
     if target is None:
@@ -79,7 +83,7 @@ def software(inputs) -> Check:
     return Check("software", Status.OK, detail, data=data)
 
 
-def jit_cache(inputs) -> Check:
+def jit_cache(inputs: CheckInputs) -> Check:
     target = inputs.node.target
     dist = target.find("flashinfer-python") if target else None
     if dist is None:
@@ -87,7 +91,7 @@ def jit_cache(inputs) -> Check:
     from sm120kit.patching import jit_cache as jc
 
     prebuilt = jc.prebuilt_package(dist)
-    if prebuilt and (aot := target.find(prebuilt)):  # only when it is installed: else every node would warn
+    if prebuilt and target and (aot := target.find(prebuilt)):  # only when it is installed: else every node would warn
         return Check(
             "jit cache",
             Status.WARN,
@@ -104,12 +108,12 @@ def jit_cache(inputs) -> Check:
     )
 
 
-def disk(inputs) -> Check:
+def disk(inputs: CheckInputs) -> Check:
     """The model on disk, or the free space to download it (model.size_gb)."""
     profile, env = inputs.profile, inputs.node.env
-    path = profile.model.path if profile and profile.model.path else None
-    if not path:
+    if profile is None or not profile.model.path:
         return Check("disk", Status.INFO, "no model to look for")
+    path = profile.model.path
     local = Path(path).expanduser()
     if not local.is_absolute() and not local.exists():
         hub = Path(env.get("HF_HUB_CACHE") or Path(env.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "hub")

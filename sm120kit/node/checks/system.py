@@ -4,8 +4,12 @@ IOMMU, nvidia_uvm's HMM, virtualisation, /dev/shm, resource limits."""
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from sm120kit.node.check import Check, Status
+
+if TYPE_CHECKING:
+    from sm120kit.node.registry import CheckInputs
 
 GIB = 1 << 30
 SHM_MIN = 1 * GIB  # below this sglang's shared-memory queues fail (docker's default is 64 MB)
@@ -14,7 +18,7 @@ NOFILE_GOOD = 65535  # sglang raises its own soft limit to this
 HYPERVISORS = ("KVM", "QEMU", "VMware", "VirtualBox", "Xen", "Microsoft Corporation", "Amazon EC2", "Google")
 
 
-def iommu(inputs) -> Check:
+def iommu(inputs: CheckInputs) -> Check:
     node = inputs.node
     cmdline = (node.text("/proc/cmdline") or "").split()
     groups = node.entries("/sys/kernel/iommu_groups")
@@ -33,7 +37,7 @@ def iommu(inputs) -> Check:
     )
 
 
-def uvm_hmm(inputs) -> Check:
+def uvm_hmm(inputs: CheckInputs) -> Check:
     value = inputs.node.text("/sys/module/nvidia_uvm/parameters/uvm_disable_hmm")
     if value is None:
         return Check("nvidia_uvm hmm", Status.INFO, "nvidia_uvm is not loaded (it loads with the first CUDA program)")
@@ -48,7 +52,7 @@ def uvm_hmm(inputs) -> Check:
     return Check("nvidia_uvm hmm", Status.OK, "HMM off (uvm_disable_hmm=1)")
 
 
-def virtualisation(inputs) -> Check:
+def virtualisation(inputs: CheckInputs) -> Check:
     node = inputs.node
     vendor = " ".join(
         filter(None, (node.text("/sys/class/dmi/id/sys_vendor"), node.text("/sys/class/dmi/id/product_name")))
@@ -77,7 +81,7 @@ def virtualisation(inputs) -> Check:
     return Check("virtualisation", Status.INFO, ", ".join(parts), data={"vm": vm, "container": container})
 
 
-def shm(inputs) -> Check:
+def shm(inputs: CheckInputs) -> Check:
     for line in (inputs.node.text("/proc/mounts") or "").splitlines():
         fields = line.split()
         if len(fields) >= 4 and fields[1] == "/dev/shm":
@@ -104,7 +108,7 @@ def _shm_size(options: str) -> Check:
     return Check("/dev/shm", Status.OK, text)
 
 
-def limits(inputs) -> Check:
+def limits(inputs: CheckInputs) -> Check:
     text = inputs.node.text("/proc/self/limits") or ""
     soft = {m.group(1).strip(): m.group(2) for m in re.finditer(r"^(Max [a-z ]+?)\s{2,}(\S+)\s+(\S+)", text, re.M)}
     problems = []

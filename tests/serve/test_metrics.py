@@ -25,6 +25,8 @@ from sm120kit.serve.rundir import RunRecord
 from sm120kit.serve.status import RunStatus
 
 PROFILE = "qwen3-x8"
+
+
 ME = psutil.Process()
 
 

@@ -199,6 +199,7 @@ def _systemd(args) -> int:
 
     python = args.python and (os.path.abspath(os.path.expanduser(args.python)) if "/" in args.python else args.python)
     d = _deployment(args, python)
+    exe: tuple[str, ...]
     if args.sm120kit:
         exe = (os.path.abspath(os.path.expanduser(args.sm120kit)),)
     else:

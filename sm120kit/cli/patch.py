@@ -1,4 +1,4 @@
-"""`patches`, `status`, `patch`, `unpatch`: the patch engine's commands."""
+"""`patches`, `known-failures`, `status`, `patch`, `unpatch`: the patch engine's commands."""
 
 from __future__ import annotations
 
@@ -133,9 +133,10 @@ def register(sub) -> None:
 
 def cmd_patches(args) -> int:
     from sm120kit import report
+    from sm120kit.patching import render
     from sm120kit.patching.registry import load_patches, shipped_dir
 
-    text, docs = report.patch_listing(load_patches(args.patch_dir), str(shipped_dir()), report.output_width(args.wide))
+    text, docs = render.patch_listing(load_patches(args.patch_dir), str(shipped_dir()), report.output_width(args.wide))
     report.emit_json({"patches": docs}) if args.json else print(text)
     return ExitCode.OK
 
@@ -169,23 +170,25 @@ def cmd_status(args) -> int:
     import os
 
     from sm120kit import report
-    from sm120kit.patching import planning
+    from sm120kit.node import nvml
+    from sm120kit.patching import planning, render
     from sm120kit.tune import audit
-    from sm120kit.tune.install import inventory
+    from sm120kit.tune import render as tune_render
+    from sm120kit.tune.installed import inventory
 
     target, patches = load_target_and_patches(args)
     plan = planning.plan(target, patches, need_bytes=False, allow_missing=allowed_missing(args))
     tuned = inventory(target)
-    unfit = audit.on_this_gpu(target, os.environ)
+    unfit = audit.on_this_gpu(target, nvml.gpus_here(), os.environ)
     code = ExitCode.ERROR if tuned.problems else plan.exit_code(check=True)
     if args.json:
         unfit_json = {"tuned_unfit": [t.as_json() for t in unfit]}
-        report.emit_json(report.plan_json("status", plan, code, {**report.tuned_json(tuned), **unfit_json}))
+        report.emit_json(render.plan_json("status", plan, code, {**tune_render.tuned_json(tuned), **unfit_json}))
         return code
     width = report.output_width(args.wide)
-    report.print_plan(plan, args.debug, width)
-    print(report.wrap(report.summary(plan.findings), width))
-    report.print_tuned(tuned, width)
+    render.print_plan(plan, args.debug, width)
+    print(report.wrap(render.summary(plan.findings), width))
+    tune_render.print_tuned(tuned, width)
     report.print_warnings([audit.warning(t) for t in unfit], args.wide)
     _say_why(code, width)
     return code
@@ -201,7 +204,7 @@ def _say_why(code: int, width: int | None) -> None:
 
 def cmd_patch(args) -> int:
     from sm120kit import report
-    from sm120kit.patching import apply, planning
+    from sm120kit.patching import apply, planning, render
 
     target, patches = load_target_and_patches(args)
     if args.check or args.diff:
@@ -212,7 +215,7 @@ def cmd_patch(args) -> int:
         diffs = [c.diff() for c in plan.changes] if args.diff else []
         if args.json:
             report.emit_json(
-                report.plan_json("patch", plan, code, {"mode": "diff" if args.diff else "check", "diffs": diffs})
+                render.plan_json("patch", plan, code, {"mode": "diff" if args.diff else "check", "diffs": diffs})
             )
             return code
         if args.diff:
@@ -228,7 +231,7 @@ def cmd_patch(args) -> int:
     problems = apply.verify(target, patches) if args.verify and code == ExitCode.OK else []
     tuned_notes: list[str] = []
     if args.verify and code == ExitCode.OK:
-        from sm120kit.tune.install import verify_tables
+        from sm120kit.tune.installed import verify_tables
 
         tuned_problems, tuned_notes = verify_tables(target)
         problems += tuned_problems
@@ -237,7 +240,7 @@ def cmd_patch(args) -> int:
     if args.json:
         mode = "verify" if args.verify else "check" if args.check else "apply"
         report.emit_json(
-            report.plan_json(
+            render.plan_json(
                 "patch",
                 plan,
                 code,
@@ -251,9 +254,9 @@ def cmd_patch(args) -> int:
         )
         return code
     width = report.output_width(args.wide)
-    report.print_plan(plan, args.debug, width)
+    render.print_plan(plan, args.debug, width)
     written = not (plan.errors or plan.blockers)
-    print(report.wrap(report.summary(plan.findings) + ("" if written else "; nothing was written"), width))
+    print(report.wrap(render.summary(plan.findings) + ("" if written else "; nothing was written"), width))
     _say_why(code, width)
     if args.verify:
         if problems:
@@ -274,7 +277,8 @@ def cmd_patch(args) -> int:
 
 def cmd_unpatch(args) -> int:
     from sm120kit import report
-    from sm120kit.patching import revert
+    from sm120kit.patching import render, revert
+    from sm120kit.tune import removal  # noqa: F401  registers tune-moe's tables with unpatch
 
     target, patches = load_target_and_patches(args, selected=False)
     only = set(args.only) if args.only else None
@@ -297,11 +301,11 @@ def cmd_unpatch(args) -> int:
         return code
     width = report.output_width(args.wide)
     print(report.wrap(f"target: {target.description}", width))
-    report.print_cache_notes(result, width)
+    render.print_cache_notes(result, width)
     if not rows:
         print("nothing to restore: no file carries an sm120kit patch")
         return code
-    print(report.restore_table(rows, width))
+    print(render.restore_table(rows, width))
     if code:
         print("nothing was written", file=sys.stderr)
     return code

@@ -1,12 +1,44 @@
-"""Known SM120 failure signatures, matched on log lines in the real programs' own wording
-(Triton's OutOfResources text from the installed Triton, flashinfer's and sglang's
-messages as their sources write them)."""
+"""Known SM120 failure signatures (sm120kit.serve.diagnose), matched on log lines in the real
+programs' own wording, and a server's death diagnosed as serve meets it."""
 
 from __future__ import annotations
 
 import pytest
+from serve_fixtures import DEATHS, TRACEBACK, TRITON_SMEM
+
+# fixtures (serve takes env_python): pytest finds a fixture in the module that imports it
+from serve_fixtures import env_python_fixture as env_python_fixture
+from serve_fixtures import serve_fixture as serve_fixture
 
 from sm120kit.serve.diagnose import diagnose, signatures
+
+
+@pytest.mark.parametrize("signature", sorted(DEATHS))
+def test_death_while_loading_is_diagnosed(serve, signature):
+    s = serve({"die_loading": DEATHS[signature]}, sets=["health.max_restarts=0"])
+    code, out = s.run()
+    assert code == 1, out
+    [died] = s.events("died")
+    assert not died["ready"] and died["exit_code"] is None  # sglang SIGKILLs itself
+    assert [d["id"] for d in died["diagnoses"]] == [signature]
+    assert "killed by SIGKILL" in out and "the server died while starting (loading weights" in out
+    assert "diagnosis: " in out and "advice:" in out
+    assert "giving up: 1 failed runs in a row" in out
+
+
+def test_triton_diagnosis_names_the_kernel_and_the_patch(serve):
+    code, out = serve({"die_loading": TRITON_SMEM}, sets=["health.max_restarts=0"]).run()
+    assert code == 1
+    assert "Required: 147456" in out and "fused-MoE fp8" in out and "sm120kit patch --verify" in out
+
+
+def test_a_module_missing_at_the_start_is_diagnosed_as_an_incomplete_environment():
+    [found] = diagnose("[2026-11-29 10:00:00] starting\n" + TRACEBACK)
+    assert found.id == "missing-module" and not found.restart and "no module named 'numpy'" in found.title
+    [found] = diagnose("ImportError: libcudart.so.13: cannot open shared object file: No such file or directory\n")
+    assert found.id == "import-error" and not found.restart
+    # a module named inside a logged line is not a traceback's end
+    assert diagnose("[2026-11-29 10:00:00 TP0] WARNING: ModuleNotFoundError: No module named 'vllm'\n") == []
 
 
 def triton_message(required: int) -> str:

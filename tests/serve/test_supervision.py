@@ -1,9 +1,12 @@
 """The supervisor's state machine, driven with a fake clock, a fake host and fake probes:
-every transition that test_serve.py proves against the sglang stand-in, without a
+every transition that tests/serve/ proves against the sglang stand-in, without a
 process, a socket or a real second going by. The supervisor runs as it does in
 production (sm120kit.serve.supervisor over sm120kit.serve.machine) and writes its real
 record into tmp_path; only time, the machine it runs on and the server's answers are
-made up (World), as each test's Script says."""
+made up (World), as each test's Script says.
+
+A server that dies of a missing module is not restarted: serve exits 2, which a unit's
+RestartPreventExitStatus=2 does not retry."""
 
 from __future__ import annotations
 
@@ -17,10 +20,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from serve_fixtures import TRACEBACK
 
 from sm120kit.exit_codes import ExitCode
 from sm120kit.node import nvml
 from sm120kit.node.nvml_schema import Gpu
+from sm120kit.profiles.model import Health
 from sm120kit.serve import procs
 from sm120kit.serve.machine import Kill, Machine, Policy, Probe, Say, ServerSpec, Spawn, Update
 from sm120kit.serve.probe import ProbeResult
@@ -29,15 +34,34 @@ from sm120kit.serve.status import TERMINAL, EventKind, RunStatus
 from sm120kit.serve.supervisor import Supervisor
 
 EPOCH = 1_800_000_000.0  # the fake wall clock at the fake monotonic clock's 0
+
+
 LAST_MOMENT = 10_000.0  # a scenario still running then never ends: the test fails
+
+
 OK = ProbeResult(True, 200, "200", 0.01)
+
+
 STARTING = ProbeResult(False, 503, "503 (starting or shutting down)", 0.01)
+
+
 REFUSED = ProbeResult(False, None, "connection refused", 0.0)
+
+
 LOADING = "[2026-11-29 10:00:00 TP0] Load weight begin. avail mem=94.50 GB\n"
+
+
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+
+
 NCCL = "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error\n"
+
+
 ILLEGAL = "RuntimeError: CUDA error: an illegal instruction was encountered\n"
+
+
 SECRET = "sk-live-0123456789abcdef"
+
 
 POLICY = Policy(
     startup_timeout_s=60,
@@ -258,9 +282,6 @@ def supervise(tmp_path: Path, world: World, spec: ServerSpec = SPEC, echo: bool 
 S = RunStatus
 
 
-# -- a start, ready, a stop ------------------------------------------------------------------
-
-
 def test_ready_only_when_it_generates_with_progress_then_a_clean_stop(tmp_path):
     loading = (
         (0.1, LOADING),
@@ -318,9 +339,6 @@ def test_the_live_tail_is_echoed_with_the_key_redacted(tmp_path):
     assert done.record.read("started")[0]["argv"] == ["sglang"]
     record = "".join(p.read_text() for p in done.record.dir.iterdir() if not p.name.startswith("server.log"))
     assert SECRET not in record
-
-
-# -- failed starts: diagnosis, backoff, restart, the crash-loop limit ------------------------
 
 
 def test_death_while_loading_is_diagnosed_and_a_crash_loop_of_one_gives_up(tmp_path):
@@ -461,9 +479,6 @@ def test_a_run_that_stayed_ready_resets_the_crash_loop_count(tmp_path):
     assert [e["in_s"] for e in done.record.read("restarting")] == [0.2, 0.2]  # the backoff starts over too
 
 
-# -- stops ---------------------------------------------------------------------------------
-
-
 def test_stop_lets_sglang_drain(tmp_path):
     world = World(Script(drain_s=3.0))
     world.signal(5.0, signal.SIGTERM)
@@ -534,9 +549,6 @@ def test_an_unclean_stop_exits_3(tmp_path, script, bound, says):
     assert done.record.read("stopped")[0]["clean"] is False and done.record.state_json()["clean"] is False
 
 
-# -- the record and the supervisor's own failures ------------------------------------------
-
-
 def test_a_record_that_cannot_be_written_does_not_stop_a_healthy_server(tmp_path):
     world = World()
     run = tmp_path / "run"
@@ -576,9 +588,6 @@ def test_a_supervisor_error_stops_the_server_and_is_recorded(tmp_path):
     assert error["error"] == "RuntimeError: a bug that mentions $K"
     assert world.stops == [{"pid": 1000, "timeout": 10, "drain": True}]
     assert record.state_json()["status"] == "stopped" and record.state_json()["clean"] is False
-
-
-# -- the machine alone -----------------------------------------------------------------------
 
 
 class Clock:
@@ -637,3 +646,41 @@ def test_statuses_and_kinds_are_written_as_the_strings_they_always_were(tmp_path
     assert json.loads(record.state_file.read_text())["status"] == "gave-up"
     assert json.loads(record.events.read_text())["event"] == "gave_up"
     assert f"{S.SUPERVISOR_GONE}" == "supervisor gone" and S("gave-up") in TERMINAL
+
+
+def test_backoff_doubles_up_to_the_cap():
+    policy = Policy.from_health(Health(backoff_initial_s=5, backoff_max_s=60))
+    assert [policy.backoff(n) for n in range(1, 7)] == [5, 10, 20, 40, 60, 60]
+    assert policy.stop_timeout_s == 60 and policy.stable_after_s == 600
+
+
+def test_exit_descriptions():
+    assert procs.exit_description(0) == (0, "exit code 0")
+    assert procs.exit_description(1 << 8) == (1, "exit code 1")
+    assert procs.exit_description(signal.SIGKILL) == (None, "killed by SIGKILL")
+
+
+def test_the_supervisor_stops_with_exit_2_after_one_such_start(tmp_path):
+    world = World(Script(log=((0.1, TRACEBACK),), dies_at=0.5, wait_status=1 << 8))
+    done = supervise(tmp_path, world, max_restarts=3)
+    assert done.code == ExitCode.ERROR
+    assert done.record.kinds() == ["started", "died", "gave_up"] and len(world.servers) == 1
+    [gave_up] = done.record.read("gave_up")
+    assert gave_up["restart"] is False and "no module named 'numpy'" in gave_up["reason"]
+    assert "not restarting fake: the serving environment is incomplete" in done.out
+    assert done.record.state_json()["status"] == "gave-up"
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        Script(log=((4.9, TRACEBACK),), dies_at=5.0, wait_status=1 << 8),  # it served first: restarted
+        Script(log=((0.1, TRACEBACK), (0.4, OOM)), dies_at=0.5),  # out of memory as well: restarted
+    ],
+)
+def test_other_deaths_are_restarted_as_before(tmp_path, script):
+    world = World(script, Script())
+    world.signal(12.0)
+    done = supervise(tmp_path, world)
+    kinds = done.record.kinds()
+    assert done.code == ExitCode.OK and "restarting" in kinds and kinds.count("started") == 2, kinds
