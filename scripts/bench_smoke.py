@@ -5,10 +5,11 @@ and threads, not a model.
 
     python scripts/bench_smoke.py [--runs 7] [--concurrency 64]
 
-Per run: the wall time of one whole smoke (32 tasks alone, a burst of --concurrency, the
-logprob request), and this process's CPU time over it (the client alone: the server
-runs elsewhere). Printed: the medians, per task and per request. The wall time includes
-the stand-in's own handling, so it bounds the overhead from above.
+Per run: the wall time of one whole smoke (32 tasks alone, the first task of each kind
+again streamed, a burst of --concurrency, the logprob request), and this process's CPU time
+over it (the client alone: the server runs elsewhere). Printed: the medians, per task and
+per request. The wall time includes the stand-in's own handling, so it bounds the overhead
+from above.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     args = parser.parse_args()
 
+    from sm120kit.quality import tasks
     from sm120kit.quality.command import SmokeOptions, smoke
 
     server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
@@ -50,14 +52,15 @@ def main() -> int:
         url = f"http://127.0.0.1:{int(server.stdout.readline())}"
         options = SmokeOptions(url=url, concurrency=args.concurrency)
         smoke(options)  # warm: imports, the first connections
-        walls, cpus, requests = [], [], 0
+        walls, cpus, requests, streamed = [], [], 0, 0
         for _ in range(args.runs):
             cpu, wall = time.process_time(), time.perf_counter()
             report = smoke(options)
             walls.append(time.perf_counter() - wall)
             cpus.append(time.process_time() - cpu)
             assert report.passed, report.failures
-            requests = options.tasks + options.concurrency + 1
+            streamed = len({task.kind for task in tasks.generate(options.seed, options.tasks)})
+            requests = options.tasks + streamed + options.concurrency + 1
     finally:
         server.terminate()
         server.wait()
@@ -65,7 +68,8 @@ def main() -> int:
     print(
         f"smoke against an instant local stand-in, median of {args.runs} runs: {wall * 1000:.0f} ms wall "
         f"({min(walls) * 1000:.0f}-{max(walls) * 1000:.0f}), {cpu * 1000:.0f} ms client CPU; "
-        f"{options.tasks} tasks + a burst of {options.concurrency} + 1 logprob request = {requests} requests"
+        f"{options.tasks} tasks + {streamed} streamed + a burst of {options.concurrency} + 1 logprob request "
+        f"= {requests} requests"
     )
     print(
         f"per task: {wall / options.tasks * 1000:.2f} ms wall, {cpu / options.tasks * 1000:.2f} ms client CPU; "
