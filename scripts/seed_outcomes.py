@@ -50,9 +50,10 @@ def main() -> int:
     patches = registry.load_patches()
     members = sorted({r.path for p in patches for r in p.rewrites})
     os.environ["SM120KIT_NO_OUTCOME_SEED"] = "1"  # compute every verdict: the seed being written is not read
+    covered = releases()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["SM120KIT_CACHE_DIR"] = str(Path(tmp) / "cache")
-        for package, version in releases():
+        for package, version in covered:
             site = Path(tmp) / f"{package}-{version}"
             wheels.install(site, package, version, members)
             check(site)
@@ -64,7 +65,7 @@ def main() -> int:
         "generated_by": "python scripts/seed_outcomes.py",
         "sm120kit": __version__,
         "patches": {p.id: p.source_sha256 for p in sorted(patches, key=lambda p: p.id)},
-        "releases": [f"{package} {version}" for package, version in releases()],
+        "releases": [f"{package} {version}" for package, version in covered],
         "outcomes": outcomes,
     }
     SEED.write_text(json.dumps(doc, indent=0, sort_keys=True) + "\n")

@@ -112,17 +112,13 @@ def session_cache(tmp_path_factory) -> Path:
 @pytest.fixture(autouse=True)
 def private_caches(request, session_cache, tmp_path_factory, monkeypatch) -> None:
     """The session's warm sm120kit cache ($SM120KIT_CACHE_DIR; an empty one of its own for a
-    test marked cold_cache), and a flashinfer JIT cache root of each test's own (patching
-    flashinfer removes that version's JIT cache: never the machine's)."""
+    test marked cold_cache), a flashinfer JIT cache root of each test's own (patching
+    flashinfer removes that version's JIT cache: never the machine's), no outcome seed."""
     cold = request.node.get_closest_marker("cold_cache")
     monkeypatch.setenv("SM120KIT_CACHE_DIR", str(tmp_path_factory.mktemp("cache") if cold else session_cache))
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path_factory.mktemp("flashinfer-home")))
-
-
-@pytest.fixture(autouse=True)
-def no_outcome_seed(monkeypatch) -> None:
-    """The shipped outcome seed (patches/outcomes.json) off: the tests exercise the
-    transforms, which the seed would answer for (tests/test_outcome_seed.py turns it on)."""
+    # The shipped outcome seed (patches/outcomes.json) off: the tests exercise the transforms,
+    # which the seed would answer for (tests/test_outcome_seed.py turns it on).
     monkeypatch.setenv("SM120KIT_NO_OUTCOME_SEED", "1")
 
 
@@ -153,6 +149,25 @@ class Cli:
 @pytest.fixture
 def cli(capsys) -> Cli:
     return Cli(capsys)
+
+
+FAKE_EPOCH = 1_800_000_000.0  # a fake clock's wall time at its monotonic 0
+
+
+class FakeClock:
+    """serve's and the fleet's Clock for their state machines, moved only by sleep()."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return FAKE_EPOCH + self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
 
 
 def tree_snapshot(root: Path) -> dict[str, bytes]:

@@ -9,6 +9,8 @@ import itertools
 from pathlib import Path
 
 import pytest
+from conftest import FAKE_EPOCH as EPOCH
+from conftest import FakeClock
 
 from sm120kit.exit_codes import ExitCode
 from sm120kit.fleet.machine import (
@@ -27,22 +29,7 @@ from sm120kit.fleet.machine import (
 from sm120kit.serve.machine import Event, Exit, Say, Update
 from sm120kit.serve.status import EventKind, RunStatus
 
-EPOCH = 1_800_000_000.0
 ROUTER_URL = "http://127.0.0.1:30000"
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def time(self) -> float:
-        return EPOCH + self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class RouterError(Exception):
@@ -69,7 +56,7 @@ class Fleet:
     out as it carries them out, in order; `taken` holds them all, flat."""
 
     def __init__(self, replicas: int = 2, router: bool = True, remote: tuple[str, ...] = ()) -> None:
-        self.clock, self.router = FakeClock(), FakeRouter()
+        self.clock, self.router = FakeClock(start=100.0), FakeRouter()
         members = [
             Member(f"replica-{i}", "replica", Path(f"r{i}"), f"http://127.0.0.1:{31000 + i}", [])
             for i in range(replicas)

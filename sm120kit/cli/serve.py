@@ -110,7 +110,7 @@ def cmd_serve(args) -> int:
     options = _options(args, profile)  # checked as a start checks them, --dry-run too
     if args.dry_run:  # one server's command, or each of a fleet's
         if not args.site:  # an interpreter to ask: what the server imports is there (--site names none)
-            preflight.require_imports(launch, {**os.environ, **profile.env}, target, args.wide)
+            preflight.require_imports(launch.entry_points, {**os.environ, **profile.env}, target, args.wide)
         if args.json:
             report.emit_json(launch.as_json())
             return ExitCode.OK

@@ -41,7 +41,7 @@ def check_unit_environment(args, d, python: str | None, exe: tuple[str, ...]) ->
     as_serve = argparse.Namespace(**{**vars(args), "python": python, "site": None})
     launch = render_for(as_serve, d.profile, target)  # no sglang (sglang-router), flags, known failures
     report.print_warnings(launch.warnings)
-    require_imports(launch, {**os.environ, **d.profile.env}, target)
+    require_imports(launch.entry_points, {**os.environ, **d.profile.env}, target)
 
 
 def unit_python(python: str | None, exe: tuple[str, ...], given_exe: bool) -> tuple[str | None, str]:

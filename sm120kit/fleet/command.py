@@ -28,7 +28,6 @@ REPLICA_CHECKS = ("gpus", "ports")  # for each replica served here
 
 def run_preflight(fleet: FleetLaunch, target: Target, options: ServeOptions) -> preflight.Preflight:
     from sm120kit.node import registry, snapshot
-    from sm120kit.node.checks.imports import entry_points
 
     node = snapshot.live(target, pairs=False)
     off = preflight.skipped(options)
@@ -38,7 +37,7 @@ def run_preflight(fleet: FleetLaunch, target: Target, options: ServeOptions) -> 
     # a router alone loads no patch, runs no sglang: its key and its own imports
     shared = [c for c in SHARED_CHECKS if here or c in ("api key", "imports")]
     first = here[0].served_profile if here else profile
-    inputs = preflight.check_inputs(node, first, options, options.kill_stale, entry_points(fleet))
+    inputs = preflight.check_inputs(node, first, options, options.kill_stale, fleet.entry_points)
     checks += registry.run(tuple(shared), inputs, off)
     for r in here:
         for c in registry.run(REPLICA_CHECKS, preflight.check_inputs(node, r.served_profile, options), off):

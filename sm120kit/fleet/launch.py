@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from sm120kit.errors import UserError
 from sm120kit.fleet.plan import FleetPlan, plan
-from sm120kit.profiles.render import Launch, render
+from sm120kit.profiles.render import EntryPoints, Launch, python_modules, render
 
 if TYPE_CHECKING:
     from sm120kit.fleet.router import RouterSchema
@@ -33,6 +33,12 @@ class FleetLaunch:
     router_version: str | None = None
     router_ports: list[tuple[str, str, int]] = field(default_factory=list)  # (what, host, port): free before, after
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def entry_points(self) -> EntryPoints:
+        """What the imports check reads: the replicas' (one interpreter) and the router's."""
+        replica = [next(iter(self.replicas.values())).argv] if self.replicas else []
+        return python_modules(replica + ([self.router] if self.router else []))
 
     def as_json(self) -> dict:
         return {

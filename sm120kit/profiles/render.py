@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from packaging.specifiers import SpecifierSet
@@ -59,6 +60,15 @@ class EnvRef:
     name: str
 
 
+EntryPoints = tuple[tuple[str, str], ...]  # (python, module) of each program started as `python -m MODULE`
+
+
+def python_modules(argvs: Sequence[Sequence[object]]) -> EntryPoints:
+    """(python, module) of each argv that runs `python -m MODULE`, each once."""
+    heads = [(str(a[0]), str(a[2])) for a in argvs if len(a) > 2 and a[1] == "-m"]
+    return tuple(dict.fromkeys(heads))
+
+
 @dataclass
 class Launch:
     argv: list[str | EnvRef]
@@ -66,6 +76,11 @@ class Launch:
     sglang: str
     warnings: list[str] = field(default_factory=list)
     config_flag: bool = False  # its sglang reads `--config FILE` (the API key goes in a file, not argv)
+
+    @property
+    def entry_points(self) -> EntryPoints:
+        """What the imports check reads: the server's interpreter and module."""
+        return python_modules([self.argv])
 
     def shell(self) -> str:
         """The command as a shell would run it; secrets stay "$NAME" references."""

@@ -20,7 +20,7 @@ from sm120kit.serve.status import EventKind
 if TYPE_CHECKING:
     from sm120kit.node.snapshot import Snapshot
     from sm120kit.profiles.model import Profile
-    from sm120kit.profiles.render import Launch
+    from sm120kit.profiles.render import EntryPoints, Launch
     from sm120kit.serve.command import ServeOptions
     from sm120kit.serve.rundir import RunRecord
     from sm120kit.target import Target
@@ -57,10 +57,10 @@ def check_inputs(
     profile: Profile,
     options: ServeOptions,
     kill_stale: bool = False,
-    entry_points: tuple[tuple[str, str], ...] = (),
+    entry_points: EntryPoints = (),
 ) -> registry.CheckInputs:
     """What serve's checks look at, for one server's profile (a fleet: each replica's);
-    entry_points: the (python, module) of what it starts (imports.entry_points)."""
+    entry_points: the (python, module) of what it starts (the launch's `entry_points`)."""
     return registry.CheckInputs(
         node,
         profile,
@@ -82,10 +82,8 @@ def skipped(options: ServeOptions) -> dict[str, str]:
 
 
 def run(profile: Profile, launch: Launch, target: Target, options: ServeOptions) -> Preflight:
-    from sm120kit.node.checks.imports import entry_points
-
     node = snapshot.live(target, pairs=False)
-    inputs = check_inputs(node, profile, options, options.kill_stale, entry_points(launch))
+    inputs = check_inputs(node, profile, options, options.kill_stale, launch.entry_points)
     warned = f" ({len(launch.warnings)} warning(s) above)" if launch.warnings else ""
     rendered = Check("profile", Status.OK, f"renders for sglang {launch.sglang}{warned}")
     checks = [rendered, *registry.run(registry.PREFLIGHT, inputs, skipped(options))]
@@ -97,15 +95,13 @@ def run(profile: Profile, launch: Launch, target: Target, options: ServeOptions)
     return Preflight(profile.name, launch.sglang, checks, list(launch.warnings), inputs.server_env)
 
 
-def require_imports(launch: object, env: dict[str, str], target: Target, wide: bool = False) -> None:
-    """The imports check outside a start (`serve --dry-run`, `render systemd`): a UserError
-    (exit 2) naming what the server imports and its interpreter lacks; a warning where it
-    could not tell. `launch`: a Launch, or a fleet's FleetLaunch (sm120kit.fleet is a floor
-    above: it is not named here; imports.entry_points reads either)."""
+def require_imports(found: EntryPoints, env: dict[str, str], target: Target, wide: bool = False) -> None:
+    """The imports check outside a start (`serve --dry-run`, `render systemd`) of what a launch
+    starts (its `entry_points`, one server's or a fleet's): a UserError (exit 2) naming what
+    the server imports and its interpreter lacks; a warning where it could not tell."""
     from sm120kit.errors import UserError
-    from sm120kit.node.checks.imports import entry_points, judge
+    from sm120kit.node.checks.imports import judge
 
-    found = entry_points(launch)
     checked = judge(found, env, target) if found else None
     if checked is not None and checked.status is Status.FAIL:
         raise UserError(checked.detail, checked.fix)

@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from conftest import FAKE_EPOCH as EPOCH
+from conftest import FakeClock
 from serve_fixtures import TRACEBACK
 
 from sm120kit.exit_codes import ExitCode
@@ -32,9 +34,6 @@ from sm120kit.serve.probe import ProbeResult
 from sm120kit.serve.rundir import RunRecord
 from sm120kit.serve.status import TERMINAL, EventKind, RunStatus
 from sm120kit.serve.supervisor import Supervisor
-
-EPOCH = 1_800_000_000.0  # the fake wall clock at the fake monotonic clock's 0
-
 
 LAST_MOMENT = 10_000.0  # a scenario still running then never ends: the test fails
 
@@ -590,22 +589,8 @@ def test_a_supervisor_error_stops_the_server_and_is_recorded(tmp_path):
     assert record.state_json()["status"] == "stopped" and record.state_json()["clean"] is False
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def time(self) -> float:
-        return EPOCH + self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
 def test_the_machine_alone_from_launch_to_ready():
-    clock = Clock()
+    clock = FakeClock()
     machine = Machine(SPEC, POLICY, clock, "server.log", "events.jsonl")
     assert machine.tick() == [Spawn()] and machine.status is S.LAUNCHING
     said = machine.started(1000, "fake:1")
@@ -626,7 +611,7 @@ def test_the_machine_alone_from_launch_to_ready():
 
 
 def test_the_machine_ignores_an_answer_for_an_earlier_start():
-    clock = Clock()
+    clock = FakeClock()
     machine = Machine(SPEC, POLICY, clock, "server.log", "events.jsonl")
     machine.tick()
     machine.started(1000, "fake:1")

@@ -5,8 +5,8 @@ environment: once, in a process of its own, bounded in time, importing nothing (
 imports load torch). A package it lacks fails the check: the server would die at that
 import on every start, and no restart mends it.
 
-serve's preflight runs it (CheckInputs.entry_points), `serve --dry-run` and `render
-systemd` through judge()."""
+serve's preflight runs it (CheckInputs.entry_points: what a launch says it starts, its
+`entry_points`), `serve --dry-run` and `render systemd` through judge()."""
 
 from __future__ import annotations
 
@@ -35,17 +35,6 @@ ALSO = {"sglang.launch_server": ("sglang.srt.entrypoints.http_server",)}
 WHAT = {"sglang.launch_server": "sglang's server", "sglang_router.launch_router": "sglang's router"}
 DISTRIBUTION = {"sglang": "sglang", "sglang_router": "sglang-router"}  # a top-level package -> its distribution
 SHOWN = 4  # missing packages named in the detail; the rest are counted
-
-
-def entry_points(launch) -> tuple[tuple[str, str], ...]:
-    """(python, module) of each program a launch starts as `python -m MODULE`: one
-    server's, or a fleet's replicas' (they share one interpreter) and its router's."""
-    argvs = [launch.argv] if not hasattr(launch, "replicas") else []
-    if hasattr(launch, "replicas"):  # a FleetLaunch
-        argvs += [next(iter(launch.replicas.values())).argv] if launch.replicas else []
-        argvs += [launch.router] if launch.router else []
-    heads = [(str(a[0]), str(a[2])) for a in argvs if len(a) > 2 and a[1] == "-m"]
-    return tuple(dict.fromkeys(heads))
 
 
 def imports(inputs: CheckInputs) -> Check | None:
