@@ -12,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from sm120kit.catalogue.kernels import read_table
 from sm120kit.catalogue.survey import load_survey
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "known-failures.md"
@@ -55,8 +56,17 @@ def render() -> str:
             f"| {f.status} | {answer} |"
         )
     lines += ["", "## Symptoms and evidence", ""]
+    kernels = {}  # survey id -> the kernels of patches/kernels.toml that account for it
+    for kernel in read_table().kernels:
+        for failure_id in kernel.survey:
+            kernels.setdefault(failure_id, []).append(kernel.id)
     for f in survey.failures:
         lines += [f"### `{f.id}`", "", f"- where: {f.evidence}"]
+        if f.id in kernels:
+            judged = ", ".join(f"`{k}`" for k in kernels[f.id])
+            lines.append(
+                f"- a selection question: judged on what sglang resolves, by [the kernel table](kernels.md) ({judged})"
+            )
         if f.symptom:
             lines.append(f"- log: `{f.symptom}`")
         else:

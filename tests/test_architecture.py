@@ -43,6 +43,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("profiles", ("profiles",)),
     ("tune", ("tune",)),
     ("catalogue", ("catalogue",)),
+    ("resolution", ("resolution",)),
     ("node", ("node",)),
     ("quality", ("quality",)),
     ("serve", ("serve",)),

@@ -16,11 +16,13 @@ from conftest import WINDOW, flashinfer_pin, install
 from packaging.version import Version
 
 from sm120kit.catalogue import rules
+from sm120kit.catalogue.kernels import read_table
 from sm120kit.catalogue.survey import FILENAME, load_survey, read_file
 from sm120kit.errors import UserError
 from sm120kit.patching.registry import load_patches, shipped_dir
 
 SURVEY = load_survey()
+KERNELS = read_table()
 RULED = [f for f in SURVEY.failures if f.rule is not None]
 
 
@@ -66,8 +68,10 @@ def _model_args(failure, tmp_path) -> list[str]:
 
 def _run(cli, command, site, failure, sets, tmp_path, *extra):
     """`profile check` or `serve --dry-run` of the rule's profile with `sets`; the other
-    rules are allowed, so that this one alone decides."""
+    rules, and the kernels that do not account for this failure, are allowed, so that this
+    one alone decides."""
     others = [w for f in RULED if f is not failure for w in ("--allow-known-failure", f.id)]
+    others += [w for k in KERNELS.kernels if failure.id not in k.survey for w in ("--allow-known-failure", k.id)]
     args = [*command, failure.rule.profile, "--site", site, *[w for s in sets for w in ("--set", s)]]
     return cli(*args, *_model_args(failure, tmp_path), *others, *extra)
 
@@ -139,6 +143,11 @@ DAMAGED = {
         "failure example.patch",
     ),
     "condition": (GOOD.replace('in = ["fa3"]', 'in = ["fa3"], present = true'), "rule.when[0]"),
+    "present over alternatives": (
+        GOOD.replace('flag = "--attention-backend", in = ["fa3"]', 'flag = [["--a"], ["--b"]], present = true'),
+        "rule.when[0]",
+    ),
+    "quantization off a model": (GOOD.replace('in = ["fa3"]', 'in = ["fa3"], quantization = ["fp8"]'), "rule.when[0]"),
     "rule without rule": (GOOD[: GOOD.index("[failure.rule]")], "needs a [failure.rule]"),
     "fixed inside": (GOOD.replace('checked = "0.5.23"', 'checked = "0.5.23"\nfixed_in = "0.5.21"'), "fixed_in"),
     "not toml": (GOOD.replace("[failure.rule]", "[failure.rule"), "not valid TOML"),
@@ -293,3 +302,147 @@ def test_the_docs_page_is_the_survey():
     import render_survey
 
     assert render_survey.PAGE.read_text() == render_survey.render(), "run python scripts/render_survey.py"
+
+
+def _one_rule(tmp_path, when: str):
+    """A survey of GOOD with its `when` replaced."""
+    (tmp_path / "judge.toml").write_text(GOOD.replace('when = [{ flag = "--attention-backend", in = ["fa3"] }]', when))
+    return type(SURVEY)(tuple(read_file(tmp_path / "judge.toml")), ())
+
+
+def test_alternatives_judge_each_phase(tmp_path):
+    """A flag's alternatives: the rule holds when the backend of either phase is fa3 (the
+    phase's own flag where given, else --attention-backend); one list stays one flag's
+    spellings, the first given deciding."""
+    survey = _one_rule(
+        tmp_path,
+        'when = [{ flag = [["--prefill-attention-backend", "--attention-backend"],'
+        ' ["--decode-attention-backend", "--attention-backend"]], in = ["fa3"] }]',
+    )
+
+    def verdicts(*argv):
+        return [j.verdict for j in rules.judge(survey, rules.Facts(["python", *argv], {}, {"sglang": "0.5.23"}, {}))]
+
+    refused = [rules.Verdict.REFUSED]
+    assert verdicts("--attention-backend", "fa3") == refused
+    assert verdicts("--attention-backend", "flashinfer", "--prefill-attention-backend", "fa3") == refused
+    assert verdicts("--attention-backend", "flashinfer", "--decode-attention-backend=fa3") == refused
+    assert verdicts("--attention-backend", "flashinfer") == []
+    assert verdicts("--attention-backend", "fa3", "--prefill-attention-backend", "triton") == refused  # decode: fa3
+    both = ("--prefill-attention-backend", "triton", "--decode-attention-backend", "flashinfer")
+    assert verdicts("--attention-backend", "fa3", *both) == []
+    [condition] = survey.failures[0].rule.when
+    assert condition.describe() == (
+        "(--prefill-attention-backend / --attention-backend) or (--decode-attention-backend / --attention-backend)"
+        " in {fa3}"
+    )
+    spellings = _one_rule(
+        tmp_path, 'when = [{ flag = ["--prefill-attention-backend", "--attention-backend"], in = ["fa3"] }]'
+    )
+    facts = rules.Facts(
+        ["python", "--attention-backend", "fa3", "--prefill-attention-backend", "triton"], {}, {"sglang": "0.5.23"}, {}
+    )
+    assert rules.judge(spellings, facts) == []  # one flag: the first spelling given decides
+
+
+def test_every_shipped_rule_on_attention_names_its_phases():
+    """A rule on the attention backend says which phases it judges: each alternative is a
+    phase's flag before --attention-backend, never --attention-backend before a phase's."""
+    phases = {"--prefill-attention-backend", "--decode-attention-backend"}
+    for failure in RULED:
+        for condition in failure.rule.when:
+            for spellings in condition.flag_alternatives():
+                if "--attention-backend" in spellings and len(spellings) > 1:
+                    assert spellings[-1] == "--attention-backend" and set(spellings[:-1]) <= phases, failure.id
+    [fa3] = SURVEY.get("fa3-attention-sm120").rule.when
+    assert fa3.flag_alternatives() == [
+        ["--prefill-attention-backend", "--attention-backend"],
+        ["--decode-attention-backend", "--attention-backend"],
+    ]
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_a_phase_backend_of_fa3_is_refused(cli, site, tmp_path, phase):
+    """`--set engine.<phase>_attention_backend=fa3` over a profile that gives
+    --attention-backend flashinfer: the rule sees the phase on the real flag schema, and
+    `profile check` refuses it."""
+    from sm120kit.profiles.flags import installed_schema
+    from sm120kit.profiles.loader import load_profile
+    from sm120kit.profiles.render import render
+    from sm120kit.target import resolve_target
+
+    install(site, WINDOW[-1])
+    sets = [f"engine.{phase}_attention_backend=fa3"]
+    profile = load_profile("glm5-nvfp4", None, sets)
+    target = resolve_target(site=str(site))
+    launch = render(profile, installed_schema(target), "python3")
+    assert "--attention-backend" in launch.argv and f"--{phase}-attention-backend" in launch.argv
+    judged = rules.check_launch(profile, launch, target)
+    assert [j.verdict for j in judged if j.failure.id == "fa3-attention-sm120"] == [rules.Verdict.REFUSED]
+    code, out, err = cli("profile", "check", "glm5-nvfp4", "--site", site, "--set", sets[0])
+    assert code == 2 and "fa3" in err and "Traceback" not in err and not out, err
+
+
+def test_the_launchs_own_quantization_decides_before_config_json(tmp_path):
+    """A model condition on the checkpoint's quantization: a --quantization the rule does
+    not list decides it false, whether or not config.json is here; none given, or a listed
+    one, reads config.json (undecided without it)."""
+    survey = _one_rule(
+        tmp_path, 'when = [{ model = "quantization_config.quant_method", in = ["fp8"], quantization = ["fp8"] }]'
+    )
+    fp8 = {"quantization_config": {"quant_method": "fp8"}}
+
+    def verdicts(argv, config):
+        facts = rules.Facts(["python", *argv], {}, {"sglang": "0.5.23"}, config, "no config.json")
+        return [j.verdict for j in rules.judge(survey, facts)]
+
+    assert verdicts(["--quantization", "modelopt_fp4"], None) == []
+    assert verdicts(["--quantization=modelopt_fp4"], fp8) == []
+    assert verdicts([], None) == [rules.Verdict.UNDECIDED]
+    assert verdicts(["--quantization", "fp8"], None) == [rules.Verdict.UNDECIDED]
+    assert verdicts(["--quantization", "fp8"], fp8) == [rules.Verdict.REFUSED]
+    assert verdicts([], fp8) == [rules.Verdict.REFUSED]
+    assert verdicts([], {"quantization_config": {"quant_method": "compressed-tensors"}}) == []
+
+
+def test_a_profile_that_says_its_quantization_is_not_warned_about_another(cli, site, tmp_path, monkeypatch):
+    """No config.json on this machine: glm5-nvfp4 says modelopt_fp4 (--quantization), so
+    the block-FP8 rule of 0.5.9-0.5.12 is decided without it; glm46-fp8 says none, so
+    that rule still may apply, and stating one decides it."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    install(site, "0.5.12")
+    fp8_rule = "known failure fp8-block-gemm-sm120-deepgemm"
+    code, _, err = cli("profile", "check", "glm5-nvfp4", "--site", site)
+    assert code == 0 and fp8_rule not in err, err
+    code, _, err = cli("profile", "check", "glm46-fp8", "--site", site)
+    assert code == 0 and f"{fp8_rule} on sglang 0.5.12" in err and "may apply" in err, err
+    code, _, err = cli("profile", "check", "glm46-fp8", "--site", site, "--set", "model.quantization=modelopt_fp4")
+    assert code == 0 and fp8_rule not in err, err
+
+
+@pytest.mark.parametrize("renderer", ["systemd", "docker", "k8s"])
+def test_every_render_target_judges_the_launch(cli, tmp_path, renderer):
+    """`render systemd|docker|k8s` refuses a launch that a rule refuses (exit 2, the
+    failure named, nothing printed), as `profile check` does; --allow-known-failure
+    renders it, and the unit and the container pass the allowance on to serve."""
+    from standin import make_env_python
+
+    (tmp_path / "env").mkdir()
+    python = make_env_python(tmp_path / "env", WINDOW[-1])
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / FILENAME).write_text(
+        GOOD.replace(
+            'when = [{ flag = "--attention-backend", in = ["fa3"] }]', 'when = [{ env = "SM120KIT_X", in = ["1"] }]'
+        )
+    )
+    where = ["--site", tmp_path / "env" / "site-packages"] if renderer == "docker" else ["--python", python]
+    image = ["--image", "registry.example/sglang:0.5.23"] if renderer != "systemd" else []
+    argv = ["render", renderer, "glm5-nvfp4", *where, *image, "--patch-dir", tmp_path / "mine"]
+    code, out, err = cli(*argv, "--set", "env.SM120KIT_X=1")
+    assert (code, out) == (2, "") and "known failure example on sglang" in err and "Traceback" not in err, err
+    assert cli(*argv)[0] == 0
+    code, out, err = cli(*argv, "--set", "env.SM120KIT_X=1", "--allow-known-failure", "example")
+    assert code == 0 and "allowed by --allow-known-failure example" in err, err
+    if renderer != "k8s":  # the unit's and the container's serve judges it again at its start
+        assert "--allow-known-failure example" in out or "- --allow-known-failure" in out, out

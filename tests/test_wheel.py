@@ -23,6 +23,8 @@ def installed(tmp_path_factory) -> Path:
     assert "sm120kit/_shipped/patches/sglang/moe_autotune_flashinfer_cutlass.py" in names
     assert "sm120kit/_shipped/profiles/glm5-nvfp4.toml" in names
     assert "sm120kit/_shipped/patches/outcomes.json" in names  # the outcome seed: a first check parses nothing
+    assert "sm120kit/_shipped/patches/kernels.toml" in names  # the kernel table every launch is judged by
+    assert "sm120kit/resolution/probe.py" in names  # runs in the target's interpreter
     assert "sm120kit/_shipped/profiles/variants/glm5-nvfp4.toml" in names  # bench --variants glm5-nvfp4
     assert not any(n.startswith("tests/") for n in names)
     venv = work / "venv"

@@ -59,6 +59,7 @@ CALL_USES = {
     "sm120kit.tune.timing.compare_with_default": "processes",
     "sm120kit.node.checks.imports.judge": "processes",
     "sm120kit.tryout.run": "wheels",
+    "sm120kit.resolution.run.resolve": "processes",  # sglang's resolution in the target's interpreter
 }
 # The CLI run in-process (the `cli` fixture): a command, or an option, that starts a process
 # or reads wheels inside, read from a call's string arguments (`cli("try", "0.5.23")`).

@@ -61,7 +61,12 @@ def use_family_target(module: cst.Module, ctx):
     normalize, _ = _method(module, "_normalize_cuda_arch")
     if normalize is not None:
         if has_string(normalize, "0f"):
-            return FixedUpstream(f"{CLASS}._normalize_cuda_arch maps SM 12.0 to compute_120f")
+            # Only on CUDA >= 12.9: below it 0.6.7-0.7.0 refuse and 0.7.1+ build compute_120a again
+            # (known failure flashinfer-compute-120a); `sm120kit doctor` shows the node's nvcc.
+            return FixedUpstream(
+                f"{CLASS}._normalize_cuda_arch maps SM 12.0 to compute_120f with CUDA >= 12.9 "
+                "(`sm120kit doctor` shows the nvcc flashinfer compiles with)"
+            )
         return AnchorMissing(f"{CLASS}._normalize_cuda_arch exists but has no 120f rule")
     init, put = _method(module, "__init__")
     if init is None:

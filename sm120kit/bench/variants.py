@@ -43,6 +43,7 @@ from sm120kit.errors import UserError
 
 if TYPE_CHECKING:
     from sm120kit.profiles.model import Profile
+    from sm120kit.profiles.render import Launch
     from sm120kit.target import Target
 
 BASELINE = "as-written"
@@ -405,16 +406,18 @@ def plan(
     written_for: str | None = None,
     patch_dirs: Sequence[str] = (),
     allowed_failures: Sequence[str] = (),
+    capability: str | None = None,
 ) -> Plan:
     """Load and render every variant (as-written first) for the installed sglang; skip
     those that cannot run, with why: a variant that runs into a known SM120 failure of the
-    release is skipped before its load. Bad input (a key, a value of the wrong type), and
-    an as-written profile that runs into one, raise."""
+    release, or dispatches a kernel with no SM12x build, is skipped before its load. Bad
+    input (a key, a value of the wrong type), and an as-written profile that runs into one,
+    raise."""
     from packaging.specifiers import SpecifierSet
     from packaging.version import InvalidVersion, Version
 
-    from sm120kit.catalogue import rules
     from sm120kit.catalogue.survey import load_survey
+    from sm120kit.node.capability import presented_node
     from sm120kit.profiles.flags import read_schema
     from sm120kit.profiles.loader import load_profile
     from sm120kit.profiles.render import render
@@ -438,10 +441,16 @@ def plan(
         notes.append(f"{source} was written for profile {written_for}; searching {profile_name}")
     launch = render(baseline, schema, python)  # the profile as written must render: else nothing to compare with
     survey = load_survey(list(patch_dirs) or None)  # once for every variant
-    judged = rules.check_launch(baseline, launch, target, patch_dirs, allowed_failures, survey)
-    if error := rules.refusal(judged, f"profile {baseline.name} as written"):
+    from sm120kit.resolution import verdict
+
+    def judge(profile: Profile, launch: Launch) -> verdict.LaunchVerdict:
+        node = presented_node(profile, capability)
+        return verdict.judge(profile, launch, target, node, patch_dirs, allowed_failures, survey=survey)
+
+    judged = judge(baseline, launch)
+    if error := judged.refusal(f"profile {baseline.name} as written", launch.sglang):
         raise error
-    launch.warnings.extend(rules.warnings(judged))
+    launch.warnings.extend(judged.warnings())
     planned = [
         Planned(
             Variant(BASELINE, description="the profile as written"),
@@ -483,12 +492,12 @@ def plan(
             why = exc.message.split(":\n  ", 1)[-1].replace("\n  ", "; ")  # the renderer's own lines
             planned.append(Planned(variant, VariantStatus.SKIPPED, _with_why(why, variant), profile))
             continue
-        judged = rules.check_launch(profile, launch, target, patch_dirs, allowed_failures, survey)
-        if refused := [j for j in judged if j.verdict is rules.Verdict.REFUSED]:
-            why = "; ".join(f"{j.message()}; avoid: {j.fix()}" for j in refused)
+        judged = judge(profile, launch)
+        if refused := judged.refusal(f"variant {variant.name}", launch.sglang):
+            why = f"{refused.message.replace(chr(10) + '  ', '; ')}; {refused.hint}"
             planned.append(Planned(variant, VariantStatus.SKIPPED, _with_why(why, variant), profile))
             continue
-        launch.warnings.extend(rules.warnings(judged))
+        launch.warnings.extend(judged.warnings())
         seen[_fingerprint(profile)] = variant.name
         planned.append(Planned(variant, VariantStatus.RUNNABLE, "", profile, launch, launch.warnings))
     return Plan(profile_name, source, planned, notes)

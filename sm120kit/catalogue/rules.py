@@ -106,7 +106,8 @@ class Facts:
     def flag(self, spellings: Sequence[str]) -> tuple[bool, str | None]:
         """(given, value) of the first of the spellings that the argv gives, in the order
         listed (["--decode-attention-backend", "--attention-backend"]: the decode backend,
-        as sglang resolves it); `--x=v` and `--x v` both count."""
+        as sglang resolves it); `--x=v` and `--x v` both count. A condition with
+        alternatives (each phase's backend) reads each of them with this."""
         words = [a for a in self.argv if isinstance(a, str)]
         for spelling in spellings:
             for i, word in enumerate(words):
@@ -124,11 +125,15 @@ def _holds(condition: Condition, facts: Facts) -> bool | None:
     """True, False, or None where the fact cannot be read."""
     values: list[object]
     if condition.flag is not None:
-        given, value = facts.flag(condition.flag)
+        read = [facts.flag(spellings) for spellings in condition.flag_alternatives()]  # one flag, or alternatives
         if condition.present is not None:
-            return given == condition.present
-        values = [value if given else condition.default]
+            return any(given == condition.present for given, _ in read)
+        values = [value if given else condition.default for given, value in read]
     elif condition.model is not None:
+        if condition.quantization is not None:  # the launch's own --quantization decides first
+            given, stated = facts.flag(["--quantization"])
+            if given and stated is not None and stated not in condition.quantization:
+                return False
         if facts.model_config is None:
             return None
         node = next((v for key in condition.model if (v := _dotted(facts.model_config, key)) is not None), None)
@@ -200,24 +205,25 @@ def check_launch(
     patch_dirs: Sequence[str] = (),
     allowed: Sequence[str] = (),
     survey: Survey | None = None,
+    capability: str | None = None,
 ) -> list[Judged]:
-    """The rules judged for one rendered launch of `profile` on `target`. An unknown id in
-    `allowed` is a UserError."""
+    """The rules judged for one rendered launch of `profile` on `target` (on `capability`,
+    else the profile's). An unknown id in `allowed` is a UserError."""
     from sm120kit.catalogue.survey import load_survey
 
     survey = survey or load_survey(list(patch_dirs) or None)
     allow = survey.select(list(allowed), ALLOW_OPTION)
-    capability = profile.node.compute_capability or "12.0"  # unsaid: the SM120 node this kit is for
+    capability = capability or profile.node.compute_capability or "12.0"  # unsaid: the SM120 node this kit is for
     if not capability.startswith("12."):
         return []
     versions = {p: d.version for p in ("sglang", "flashinfer-python") if (d := target.find(p))}
-    config, problem = _model_config(profile.model.path)
-    outcome = cache(lambda patch_id: _outcome(target, patch_id, patch_dirs))
+    config, problem = model_config(profile.model.path)
+    outcome = cache(lambda patch_id: patch_outcome(target, patch_id, patch_dirs))
     facts = Facts(launch.argv, {**launch.env}, versions, config, problem, capability, outcome)
     return judge(survey, facts, allow)
 
 
-def _model_config(path: str | None) -> tuple[dict | None, str]:
+def model_config(path: str | None) -> tuple[dict | None, str]:
     """config.json of the profile's model from disk or the Hugging Face cache (never the
     network), with its hf_quant_config.json under "hf_quant_config"; or None and why not."""
     from sm120kit.tune.model_config import find_model_config, read_model_config
@@ -238,7 +244,7 @@ def _model_config(path: str | None) -> tuple[dict | None, str]:
     return config, ""
 
 
-def _outcome(target: Target, patch_id: str, patch_dirs: Sequence[str]) -> str | None:
+def patch_outcome(target: Target, patch_id: str, patch_dirs: Sequence[str]) -> str | None:
     """The patch's outcome on the target: in place only when every file it applies to is."""
     from sm120kit.patching import planning
     from sm120kit.patching.registry import load_patches

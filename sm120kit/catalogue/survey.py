@@ -47,9 +47,15 @@ def _version(value: str) -> str:
 
 class Condition(BaseModel):
     """One fact about the launch. `flag`: a value of the rendered argv (the first of the
-    spellings given, in the order listed; `default` when none is); `model`: a dotted key of
+    spellings given, in the order listed; `default` when none is); a list of such lists is
+    alternatives, and the fact holds when it holds for one of them (the attention backend
+    of either phase: [["--prefill-attention-backend", "--attention-backend"],
+    ["--decode-attention-backend", "--attention-backend"]]); `model`: a dotted key of
     the model's config.json (the first of those listed that it has; `hf_quant_config.` reads
-    the checkpoint's hf_quant_config.json, where ModelOpt writes its quantization);
+    the checkpoint's hf_quant_config.json, where ModelOpt writes its quantization), and for a
+    key of the checkpoint's quantization, `quantization`: the methods of sglang's
+    --quantization (the profile's model.quantization) under which it can hold (a launch
+    that gives another is decided without config.json: the fact does not hold);
     `env`: the server's environment; `capability = true`: the profile's
     node.compute_capability. The fact holds when its value is `in` the list, or `matches`
     the regular expression (for a list value: any element), or for `present`, when the
@@ -57,8 +63,9 @@ class Condition(BaseModel):
 
     model_config = STRICT
 
-    flag: list[Line] | None = None
+    flag: list[Line] | list[list[Line]] | None = None
     model: list[Line] | None = None
+    quantization: list[Line] | None = Field(None, min_length=1)  # with `model`: see above
     env: Line | None = None
     capability: bool | None = None  # the profile's node.compute_capability ("12.0", "12.1")
     in_: list[str] | None = Field(None, alias="in", min_length=1)
@@ -85,13 +92,29 @@ class Condition(BaseModel):
                 raise ValueError(f"`matches` is not a regular expression: {exc}") from None
         if self.present is not None and self.flag is None:
             raise ValueError("`present` is for a flag")
-        if self.flag and not all(s.startswith("--") for s in self.flag):
+        alternatives = self.flag_alternatives()
+        if not all(alternatives):
+            raise ValueError("a flag names at least one spelling")
+        if not all(s.startswith("--") for spellings in alternatives for s in spellings):
             raise ValueError("a flag is spelled with its dashes, e.g. --attention-backend")
+        if self.present is not None and len(alternatives) > 1:
+            raise ValueError("`present` takes one list of spellings (any of them given), not alternatives")
+        if self.quantization is not None and self.model is None:
+            raise ValueError("`quantization` is for a model condition (a key of the checkpoint's quantization)")
         return self
+
+    def flag_alternatives(self) -> list[list[str]]:
+        """The flag's alternatives, each the spellings of one flag in the order tried:
+        `flag = "--x"` and `flag = ["--x", "--y"]` are one alternative."""
+        if self.flag is None:
+            return []
+        if all(isinstance(s, str) for s in self.flag):
+            return [[s for s in self.flag if isinstance(s, str)]]
+        return [list(s) for s in self.flag if isinstance(s, list)]
 
     def describe(self) -> str:
         subject = (
-            " / ".join(self.flag)
+            _alternatives(self.flag_alternatives())
             if self.flag
             else " / ".join(self.model)
             if self.model
@@ -105,6 +128,13 @@ class Condition(BaseModel):
             return f"{subject} matches {self.matches!r}"
         default = f" (default {self.default})" if self.default is not None else ""
         return f"{subject} in {{{', '.join(self.in_ or ())}}}{default}"  # (`in` is set: the validator says so)
+
+
+def _alternatives(alternatives: list[list[str]]) -> str:
+    """`--x / --y`, or `(--a / --x) or (--b / --x)` for alternatives."""
+    if len(alternatives) == 1:
+        return " / ".join(alternatives[0])
+    return " or ".join(f"({' / '.join(spellings)})" for spellings in alternatives)
 
 
 class Rule(BaseModel):

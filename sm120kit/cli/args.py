@@ -116,13 +116,20 @@ def allow_missing_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def allow_known_failure_arg(parser: argparse.ArgumentParser) -> None:
+    """--allow-known-failure and --capability: how a launch is judged before a load."""
     parser.add_argument(
         "--allow-known-failure",
         action="append",
         metavar="ID",
         default=[],
-        help="start although the launch runs into known SM120 failure ID of the installed release "
-        "(`sm120kit known-failures` lists them; repeatable)",
+        help="judge the launch allowed although it runs into known SM120 failure ID of the installed release, "
+        "or dispatches kernel ID with no SM12x build (`sm120kit known-failures` lists them; repeatable)",
+    )
+    parser.add_argument(
+        "--capability",
+        choices=("12.0", "12.1"),
+        help="the compute capability to judge the launch for (default: the profile's node.compute_capability, "
+        "else the GPUs NVML sees)",
     )
 
 

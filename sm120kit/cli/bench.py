@@ -309,6 +309,7 @@ def _search(args, options: BenchOptions, target: Target, width: int | None, out:
         written_for,
         args.patch_dir or (),
         args.allow_known_failure,
+        args.capability,
     ).with_serve_args(args.profile_dir, args.python)
     endpoint.api_key(plan.variants[0].profile.server.api_key_env)  # a missing key: before anything starts
     if args.dry_run:

@@ -94,6 +94,7 @@ def cmd_doctor(args) -> int:
         nvml_file=Path(args.nvml) if args.nvml else None,
         patch_dirs=tuple(args.patch_dir or ()),
         allowed_failures=frozenset(args.allow_known_failure),
+        capability=args.capability,
         debug=args.debug,
         nccl=nccl_request(args.python, args.site, args.nccl_gpus, elsewhere, sys.executable)
         if args.nccl or args.nccl_gpus

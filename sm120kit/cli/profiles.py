@@ -182,20 +182,62 @@ def render_for(args, profile: Profile, target: Target, router_optional: bool = F
 
 
 def refuse_known_failures(args, profile: Profile, launches: list[Launch], target: Target) -> None:
-    """The survey's launch rules over each rendered server (one, or a fleet's replicas): a
-    known SM120 failure of the installed release that no applied patch covers is a
-    UserError (exit 2) before anything loads; allowed and undecided ones become warnings."""
-    from sm120kit.catalogue import rules
+    """The launch judged before anything loads (sm120kit.resolution.verdict): the survey's
+    launch rules, and each kernel that sglang's own resolution of it dispatches on the node's
+    capability. A known SM120 failure of the installed release that no applied patch covers,
+    or a kernel with no SM12x build, is a UserError (exit 2); allowed and undecided ones
+    become warnings, and each launch carries what will run (`what_runs`)."""
+    from sm120kit.node.capability import presented_node
+    from sm120kit.resolution import verdict
 
-    allowed = getattr(args, "allow_known_failure", ())
-    patch_dirs = getattr(args, "patch_dir", None) or ()
     if not launches:  # a fleet's router alone runs no sglang server
         return
-    judged = rules.check_launch(profile, launches[0], target, patch_dirs, allowed)  # replicas differ in ports only
-    if error := rules.refusal(judged, f"profile {profile.name}"):
+    node = presented_node(profile, getattr(args, "capability", None))
+    judged = verdict.judge(
+        profile,
+        launches[0],  # replicas differ in ports only
+        target,
+        node,
+        getattr(args, "patch_dir", None) or (),
+        getattr(args, "allow_known_failure", ()),
+        _renderer(args, target) if profile.fleet is None else None,
+    )
+    if error := judged.refusal(f"profile {profile.name}", launches[0].sglang):
         raise error
     for launch in launches:
-        launch.warnings.extend(rules.warnings(judged))
+        launch.warnings.extend(judged.warnings())
+        launch.what_runs = judged.as_json()
+
+
+def _renderer(args, target: Target):
+    """The profile NAME rendered again with more --set assignments: a way out's argv."""
+    from sm120kit.profiles.flags import installed_schema
+    from sm120kit.profiles.loader import load_profile
+    from sm120kit.profiles.render import render
+
+    python = args.python or ("python3" if args.site else sys.executable)
+
+    def render_with(sets: list[str]) -> list:
+        profile = load_profile(args.name, args.profile_dir, [*(args.sets or []), *sets])
+        return render(profile, installed_schema(target), python).argv
+
+    return render_with
+
+
+def what_runs_lines(doc: dict | None, width: int | None) -> list[str]:
+    """What will run, as `profile check` and `serve --dry-run` print it, fitted to `width`."""
+    from sm120kit import report
+
+    selection = (doc or {}).get("selection")
+    if not selection:
+        return []
+    verdicts = {k["choice"].partition("=")[0]: k for k in selection["kernels"]}
+    lines = report.wrap(f"what will run, {selection['basis']}:", width).splitlines()
+    for slot, value in selection["slots"].items():
+        kernel = verdicts.get(slot)
+        judged = f"  [{kernel['kernel']}: {kernel['verdict']}]" if kernel else ""
+        lines.append(f"  {slot:<18} {value}{judged}")
+    return lines
 
 
 def cmd_profile_check(args) -> int:
@@ -207,6 +249,9 @@ def cmd_profile_check(args) -> int:
         report.emit_json({"profile": args.name, "ok": True, **launch.as_json()})
         return ExitCode.OK
     report.print_warnings(launch.warnings, getattr(args, "wide", False))
+    shown = launch if not isinstance(launch, FleetLaunch) else next(iter(launch.replicas.values()), None)
+    for line in what_runs_lines(shown.what_runs if shown else None, report.output_width(getattr(args, "wide", False))):
+        print(line)
     if isinstance(launch, FleetLaunch):
         one = next(iter(launch.replicas.values()))
         router = f"sglang-router {launch.router_version}" if launch.router else "a router not checked here"

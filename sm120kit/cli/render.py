@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import os
 
-from sm120kit.cli.args import command_parser, common_args, patch_dir_arg, profile_args, target_args
+from sm120kit.cli.args import (
+    allow_known_failure_arg,
+    command_parser,
+    common_args,
+    patch_dir_arg,
+    profile_args,
+    target_args,
+)
 from sm120kit.exit_codes import ExitCode
 
 TARGETS = ("systemd", "docker", "k8s")
@@ -20,10 +27,11 @@ ONLY_FOR = {
     "env_file": ("--env-file", ("systemd", "docker")),
     "state_dir": ("--state-dir", ("systemd", "docker")),
     "node_rank": ("--node-rank", ("systemd", "docker")),
-    "site": ("--site", ("k8s",)),
-    # --python: this node's serving environment (systemd runs it; k8s reads its sglang's flags);
+    "site": ("--site", ("docker", "k8s")),
+    # --python: this node's serving environment (systemd runs it; docker and k8s judge the launch
+    # and k8s reads the flags against its sglang, which should be the image's release);
     # --image-python: the interpreter inside the image (a container or a pod runs it)
-    "python": ("--python", ("systemd", "k8s")),
+    "python": ("--python", ("systemd", "docker", "k8s")),
     "image_python": ("--image-python", ("docker", "k8s")),
     "secret": ("--secret", ("k8s",)),
     "hf_cache_claim": ("--hf-cache-claim", ("k8s",)),
@@ -44,10 +52,16 @@ def register(sub) -> None:
         "whose image a Dockerfile builds FROM --image with the patches applied and proven (--dockerfile "
         "prints it alone). "
         "k8s: manifests whose pods run the sglang argv that `serve --dry-run` renders (Kubernetes "
-        "supervises there); needs sglang in the target environment. Writes nothing: redirect it.",
+        "supervises there); needs sglang in the target environment. Every target first judges the "
+        "launch as `profile check` does, against the target environment's sglang (systemd: the "
+        "unit's; docker, k8s: --python / --site, else this interpreter's; docker without sglang there: "
+        "a warning), and refuses one that runs into a known SM120 failure of that release; "
+        "--allow-known-failure ID renders it anyway, and the unit and the container pass it on to "
+        "`serve`. Writes nothing: redirect it.",
         {
             ExitCode.OK: "printed",
-            ExitCode.ERROR: "bad input: an unknown or invalid profile, one that cannot serve, a multi-node "
+            ExitCode.ERROR: "bad input: an unknown or invalid profile, one that cannot serve, a launch that "
+            "runs into a known SM120 failure of the release (--allow-known-failure ID), a multi-node "
             "profile without --node-rank or a rendezvous port, docker or k8s without --image, an option "
             "that is not the target's; nothing was printed",
         },
@@ -101,7 +115,12 @@ def register(sub) -> None:
     p.add_argument("--shm-size", metavar="SIZE", help="k8s: /dev/shm's size, a quantity (default: 32Gi)")
     patch_dir_arg(p)
     profile_args(p)
-    target_args(p, python_is="the serving environment (k8s: in the image; default python3)")
+    target_args(
+        p,
+        python_is="the serving environment (systemd: the unit's; docker, k8s: one with the image's sglang "
+        "release, whose flags and known failures the launch is judged against)",
+    )
+    allow_known_failure_arg(p)
     common_args(p)
 
 
@@ -165,7 +184,8 @@ def _deployment(args, python: str | None):
     for option in ("env_file", "state_dir"):  # the unit runs in /, the container elsewhere: absolute paths
         if getattr(args, option, None):
             setattr(args, option, os.path.abspath(os.path.expanduser(getattr(args, option))))
-    d = deployment(args.name, args.profile_dir, args.sets, python, args.node_rank, args.patch_dir)
+    allowed = getattr(args, "allow_known_failure", None) or ()
+    d = deployment(args.name, args.profile_dir, args.sets, python, args.node_rank, args.patch_dir, allowed)
     _check_deployment(d, args)
     return d
 
@@ -217,11 +237,47 @@ def _systemd(args) -> int:
     return ExitCode.OK
 
 
+def _judged(args, profile, target) -> None:
+    """The launch judged as `profile check` judges it (the same render_for, hence the same
+    refuse_known_failures): a UserError (exit 2, nothing printed) for a known SM120 failure of
+    the target's release that no patch covers and no --allow-known-failure allows; its
+    warnings on stderr."""
+    from sm120kit import report
+    from sm120kit.cli.profiles import render_for
+    from sm120kit.profiles.render import Launch
+
+    launch = render_for(args, profile, target, router_optional=True)  # a container or a pod runs the router
+    one = launch if isinstance(launch, Launch) else next(iter(launch.replicas.values()), None)
+    report.print_warnings(list(dict.fromkeys([*launch.warnings, *(one.warnings if one else [])])))
+
+
+def _judge_container(args, profile) -> None:
+    """docker: the launch judged against --python / --site (an environment with the image's
+    sglang release), else against this interpreter's sglang; where neither is given and this
+    interpreter has none, a warning: the container's serve judges it at its start."""
+    from sm120kit import report
+    from sm120kit.target import resolve_target
+
+    target = resolve_target(args.python, args.site)
+    if args.python is None and args.site is None and target.find("sglang") is None:
+        report.print_warnings(
+            [
+                "the launch was not judged against the known SM120 failures: this interpreter has no sglang "
+                "(the container's `sm120kit serve` judges it at its start; next: --python EXE or --site DIR of "
+                "an environment with the image's sglang release)"
+            ]
+        )
+        return
+    _judged(args, profile, target)
+
+
 def _docker(args) -> int:
     from sm120kit import report
     from sm120kit.deploy.docker import ContainerOptions, compose, compose_text, container, run_argv
 
-    c = container(_deployment(args, args.image_python), ContainerOptions(args.image, args.env_file, args.state_dir))
+    d = _deployment(args, args.image_python)
+    _judge_container(args, d.profile)
+    c = container(d, ContainerOptions(args.image, args.env_file, args.state_dir))
     if args.json:
         report.emit_json(
             {
@@ -245,6 +301,7 @@ def _k8s(args) -> int:
 
     profile, target = load_for(args)
     values.profile_values(profile)
+    _judged(args, profile, target)  # the pods run sglang itself: nothing else judges the launch
     chosen = {
         k: v
         for k, v in (

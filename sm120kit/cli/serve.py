@@ -14,7 +14,7 @@ from sm120kit.cli.args import (
     profile_args,
     target_args,
 )
-from sm120kit.cli.profiles import load_for, render_for
+from sm120kit.cli.profiles import load_for, render_for, what_runs_lines
 from sm120kit.errors import UserError
 from sm120kit.exit_codes import ExitCode
 
@@ -115,6 +115,10 @@ def cmd_serve(args) -> int:
             report.emit_json(launch.as_json())
             return ExitCode.OK
         report.print_warnings(launch.warnings, args.wide)
+        shown = launch if isinstance(launch, Launch) else next(iter(launch.replicas.values()), None)
+        width = report.output_width(args.wide)
+        for line in what_runs_lines(shown.what_runs if shown else None, width and width - 2):
+            print(f"# {line}")  # the command below stays one a shell runs as printed
         print(launch.shell())
         return ExitCode.OK
     if not isinstance(launch, Launch):  # a fleet profile's: render_for gave its FleetLaunch

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 from sm120kit.errors import UserError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from sm120kit.profiles.model import Profile
 
 # TimeoutStopSec / docker's stop timeout past health.stop_timeout_s: docs/serve.md
@@ -38,6 +40,7 @@ class Deployment:
     python: str | None = None  # --python of the serving environment
     node_rank: int | None = None  # a multi-node profile: this node's rank
     patch_dirs: tuple[str, ...] = ()  # absolute: --patch-dir and $SM120KIT_PATCH_PATH at render time
+    allowed: tuple[str, ...] = ()  # --allow-known-failure IDs the render was judged with: serve is told them too
 
     @property
     def name(self) -> str:
@@ -71,6 +74,7 @@ class Deployment:
         words += [w for d in (self.patch_dirs if patch_dirs is None else patch_dirs) for w in ("--patch-dir", d)]
         words += [w for s in self.sets for w in ("--set", s)]
         words += ["--node-rank", str(self.node_rank)] if self.node_rank is not None else []
+        words += [w for failure_id in self.allowed for w in ("--allow-known-failure", failure_id)]
         return words + (["--python", self.python] if self.python else [])
 
 
@@ -81,11 +85,13 @@ def deployment(
     python: str | None,
     node_rank: int | None,
     patch_dirs: list[str] | None,
+    allowed: Sequence[str] = (),
 ) -> Deployment:
     """The profile NAME loaded as `serve` would load it, checked to be one a unit or a
     container can serve: a UserError (exit 2, nothing written) for one that cannot serve,
     a multi-node profile without --node-rank or without a rendezvous port, a patch id that
-    no patch has."""
+    no patch has. `allowed`: the known failures the unit's or container's serve starts
+    despite (--allow-known-failure)."""
     from sm120kit.patching import registry
     from sm120kit.profiles import loader
     from sm120kit.profiles.render import require_servable
@@ -125,6 +131,7 @@ def deployment(
         python,
         node_rank if p.nnodes > 1 else None,
         tuple(str(d.resolve()) for d in user_patches),
+        tuple(dict.fromkeys(allowed)),
     )
 
 

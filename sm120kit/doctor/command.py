@@ -24,6 +24,7 @@ class DoctorOptions:
     nvml_file: Path | None = None  # NVML answers recorded by `doctor --json`
     patch_dirs: tuple[str, ...] = ()
     allowed_failures: frozenset[str] = frozenset()  # --allow-known-failure
+    capability: str | None = None  # --capability
     debug: bool = False  # a check that crashes raises, with its traceback
     nccl: Request | None = None  # --nccl (None: the check says SKIP)
 
@@ -80,6 +81,7 @@ def doctor(options: DoctorOptions, profile: Profile | None, target: Target) -> D
         patch_dirs=options.patch_dirs,
         patch_ids=tuple(profile.patches) if profile else None,
         allowed_failures=options.allowed_failures,
+        capability=options.capability,
         debug=options.debug,
         nccl=options.nccl,
     )

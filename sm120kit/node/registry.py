@@ -27,6 +27,7 @@ class CheckInputs:
     patch_ids: tuple[str, ...] | None = None  # must be in place; None: survey every known patch
     allow_missing: frozenset[str] = frozenset()
     allowed_failures: frozenset[str] = frozenset()  # --allow-known-failure ids
+    capability: str | None = None  # --capability: the node a launch is judged for
     kill_stale: bool = False
     # What the stale-process and ports checks read, supplied by the command that runs them
     # (serve), so that the node never imports serve: the process scan, stop and port probes
@@ -64,6 +65,7 @@ CHECKS: dict[str, Callable[[CheckInputs], Check | None]] = {
     "patches": patches.patches,
     "known failures": known_failures.known_failures,
     "jit cache": software.jit_cache,
+    "nvcc": software.nvcc,
     "disk": software.disk,
     "api key": serving.api_key,
     "imports": imports.imports,
@@ -90,6 +92,7 @@ DOCTOR = (
     "patches",
     "known failures",
     "jit cache",
+    "nvcc",
     "disk",
 )
 PREFLIGHT = ("api key", "imports", "patches", "stale processes", "gpus", "ports")  # serve's, in this order

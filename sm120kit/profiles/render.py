@@ -76,6 +76,7 @@ class Launch:
     sglang: str
     warnings: list[str] = field(default_factory=list)
     config_flag: bool = False  # its sglang reads `--config FILE` (the API key goes in a file, not argv)
+    what_runs: dict | None = None  # the launch's judgement (sm120kit.resolution.verdict), once judged
 
     @property
     def entry_points(self) -> EntryPoints:
@@ -94,6 +95,7 @@ class Launch:
             "env": self.env,
             "sglang": self.sglang,
             "warnings": self.warnings,
+            **({"what_runs": self.what_runs} if self.what_runs is not None else {}),
         }
 
 

@@ -81,11 +81,55 @@ def test_triton_shared_memory_names_the_kernel(required, kernel):
             "Address already in use",
             "address-in-use",
         ),
+        (  # DeepGEMM's JIT: cuobjdump of the kernel it just compiled failed (sglang#18870)
+            "RuntimeError: Assertion error (/sgl-workspace/DeepGEMM/csrc/apis/../jit_kernels/impls/../../jit/"
+            "kernel_runtime.hpp:45): exit_code == 0",
+            "deepgemm-jit-cuobjdump",
+        ),
+        (  # the DSA indexer's paged MQA logits on DeepGEMM (sglang#26087)
+            "RuntimeError: Assertion error (/deepgemm/csrc/apis/attention.hpp:219): Unsupported architecture",
+            "deepgemm-dsa-indexer-sm12x",
+        ),
+        (  # DeepSeek-V4's mHC pre-norm on DeepGEMM (sglang#25877)
+            "tvm.error.InternalError: Assertion error (/deepgemm/csrc/apis/hyperconnection.hpp:56): "
+            "Unsupported architecture",
+            "deepgemm-mhc-prenorm-sm12x",
+        ),
     ],
 )
 def test_each_signature(line, sig):
     [d] = diagnose(LOG_NOISE + line + "\n" + LOG_NOISE)
     assert d.id == sig and d.line == line.strip()
+
+
+SITE = "/venv/lib/python3.12/site-packages"
+KPOOL_CRASH = f"""\
+[2026-11-29 10:00:02 TP0] Scheduler hit an exception: Traceback (most recent call last):
+  File "{SITE}/sglang/srt/layers/attention/dsa_backend.py", line 2560, in forward_decode
+    return self._forward_trtllm(
+           ^^^^^^^^^^^^^^^^^^^^^
+  File "{SITE}/sglang/srt/layers/attention/dsa_backend.py", line 4005, in _forward_trtllm
+    out = flashinfer.decode.trtllm_batch_decode_with_kv_cache_mla(
+          ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+tvm.error.InternalError: Error in function 'TllmGenFmhaRunner' at \
+{SITE}/flashinfer/data/include/flashinfer/trtllm/fmha/fmhaRunner.cuh:37: Unsupported architecture
+"""
+
+
+def test_a_dsa_phase_on_trtllm_is_told_from_mla_prefill_by_its_frame():
+    """The unpatched k-pool tail (and any DSA phase resolved to trtllm) dies with the very
+    TllmGen line that MLA prefill on trtllm_mla prints: the DSA backend's frame above it
+    names dsa-kpool-trtllm-sm12x first; the patched server's own NotImplementedError too."""
+    found = diagnose(LOG_NOISE + KPOOL_CRASH)
+    assert [d.id for d in found] == ["dsa-kpool-trtllm-sm12x", "trtllm-mla-prefill-sm12x"]
+    assert found[0].line.endswith('dsa_backend.py", line 4005, in _forward_trtllm')
+    [patched] = diagnose(
+        "NotImplementedError: index_kpool > 1 appends tail tokens to topk_indices and is currently only "
+        "supported by the FA3/TileLang/TRTLLM DSA decode backend.\n"
+    )
+    assert patched.id == "dsa-kpool-trtllm-sm12x"
+    mla_prefill = f'  File "{SITE}/sglang/srt/layers/attention/trtllm_mla_backend.py", line 900, in forward_extend\n'
+    assert [d.id for d in diagnose(mla_prefill + KPOOL_CRASH.splitlines()[-1])] == ["trtllm-mla-prefill-sm12x"]
 
 
 def test_only_the_tail_counts_and_each_signature_once():

@@ -1,6 +1,8 @@
 """Does the profile, rendered for the installed sglang, run into a known SM120 failure
-(the survey's launch rules, sm120kit.catalogue)? Doctor's view of what `profile check` and
-`serve` refuse: a refused rule fails (the node cannot serve the profile as it is)."""
+(the survey's launch rules, sm120kit.catalogue) or dispatch a kernel with no SM12x build
+(sglang's own resolution judged against the kernel table, sm120kit.resolution)? Doctor's
+view of what `profile check` and `serve` refuse: a refusal fails (the node cannot serve the
+profile as it is)."""
 
 from __future__ import annotations
 
@@ -16,9 +18,10 @@ ID = "known failures"
 
 
 def known_failures(inputs: CheckInputs) -> Check | None:
-    from sm120kit.catalogue import rules
+    from sm120kit.node.capability import presented_node
     from sm120kit.profiles.flags import read_schema
     from sm120kit.profiles.render import render
+    from sm120kit.resolution import verdict
 
     profile, target = inputs.profile, inputs.node.target
     if profile is None or profile.fleet is not None or not profile.model.path:
@@ -35,19 +38,15 @@ def known_failures(inputs: CheckInputs) -> Check | None:
             f"the profile does not render for sglang {dist.version}: {exc.message}",
             f"sm120kit profile check {profile.name}",
         )
-    judged = rules.check_launch(profile, launch, target, inputs.patch_dirs, sorted(inputs.allowed_failures))
-    data = {"rules": [j.as_json() for j in judged]}
-    refused = [j for j in judged if j.verdict is rules.Verdict.REFUSED]
-    if refused:
-        return Check(
-            ID,
-            Status.FAIL,
-            "; ".join(j.message() for j in refused),
-            "; ".join(f"{j.failure.id}: {j.fix()}" for j in refused),
-            data,
-        )
-    if notes := rules.warnings(judged):
+    node = presented_node(profile, inputs.capability)
+    found = verdict.judge(profile, launch, target, node, inputs.patch_dirs, sorted(inputs.allowed_failures))
+    data = found.as_json()
+    if refusal := found.refusal(f"profile {profile.name}", dist.version):
+        lines = refusal.message.splitlines()[1:]
+        return Check(ID, Status.FAIL, "; ".join(line.strip() for line in lines), refusal.hint or "", data)
+    if notes := found.warnings():
         return Check(ID, Status.WARN, "; ".join(notes), "read the upstream links above", data)
+    judged = found.rules
     covered = [j.failure.id for j in judged]
     detail = f"none on sglang {dist.version}" + (f" (covered: {', '.join(covered)})" if covered else "")
     return Check(ID, Status.OK, detail, data=data)

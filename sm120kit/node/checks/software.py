@@ -134,3 +134,51 @@ def disk(inputs: CheckInputs) -> Check:
             "free space there, set HF_HOME to a larger disk, or " + fix,
         )
     return Check("disk", Status.INFO, detail + (f" (the model needs {size} GB)" if size else ""), fix)
+
+
+NVCC_FOR_SM120 = (12, 9)  # below it flashinfer 0.6.3-0.6.6 and 0.7.1+ build compute_120a (flashinfer-compute-120a)
+
+
+def nvcc(inputs: CheckInputs) -> Check | None:
+    """The CUDA toolkit flashinfer's JIT compiles with, found as flashinfer's
+    jit/cpp_ext.py get_cuda_path finds it ($CUDA_HOME, $CUDA_PATH, the nvcc on PATH,
+    /usr/local/cuda) in the server's environment, its release read from the toolkit's
+    version.json (no compiler is run)."""
+    target = inputs.node.target
+    dist = target.find("flashinfer-python") if target else None
+    if dist is None:
+        return None
+    env = inputs.server_env
+    home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
+    if home is None:
+        import shutil
+
+        found = shutil.which("nvcc", path=env.get("PATH", ""))
+        home = str(Path(found).resolve().parent.parent) if found else "/usr/local/cuda"
+    compiler = Path(home) / "bin" / "nvcc"
+    if not compiler.exists():
+        return Check("nvcc", Status.INFO, f"no nvcc at {compiler}: flashinfer's JIT falls back to torch's CUDA version")
+    release = _toolkit_release(Path(home))
+    if release is None:
+        return Check("nvcc", Status.INFO, f"{compiler}: its release is not readable ({home}/version.json)")
+    said = f"flashinfer {dist.version} compiles with {compiler} (CUDA {'.'.join(map(str, release))})"
+    if release < NVCC_FOR_SM120:
+        return Check(
+            "nvcc",
+            Status.WARN,
+            f"{said}: below 12.9 flashinfer's JIT has no 120f/121 target (0.6.7-0.7.0 refuse to build; 0.6.3-0.6.6 "
+            "and 0.7.1+ build compute_120a: known failure flashinfer-compute-120a)",
+            "install the CUDA 12.9+ toolkit and point CUDA_HOME at it",
+        )
+    return Check("nvcc", Status.OK, said)
+
+
+def _toolkit_release(home: Path) -> tuple[int, int] | None:
+    from sm120kit.shallow_json import loads
+
+    try:
+        doc = loads((home / "version.json").read_text())
+        major, minor = str(doc["cuda"]["version"]).split(".")[:2]
+        return int(major), int(minor)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
