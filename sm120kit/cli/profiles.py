@@ -231,12 +231,14 @@ def what_runs_lines(doc: dict | None, width: int | None) -> list[str]:
     selection = (doc or {}).get("selection")
     if not selection:
         return []
-    verdicts = {k["choice"].partition("=")[0]: k for k in selection["kernels"]}
+    verdicts = {c.partition("=")[0]: k for k in selection["kernels"] for c in k["choices"]}
     lines = report.wrap(f"what will run, {selection['basis']}:", width).splitlines()
+    lines.append(f"  {'capability from':<18} {selection['capability_from']}")
+    wide = max((len(v) for v in selection["slots"].values()), default=0)
     for slot, value in selection["slots"].items():
         kernel = verdicts.get(slot)
         judged = f"  [{kernel['kernel']}: {kernel['verdict']}]" if kernel else ""
-        lines.append(f"  {slot:<18} {value}{judged}")
+        lines += report.wrap(f"  {slot:<18} {value:<{wide}}{judged}".rstrip(), width, hanging=" " * 21).splitlines()
     return lines
 
 

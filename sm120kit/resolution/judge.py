@@ -28,6 +28,7 @@ class Judged:
     choice: str  # the slot assignment that dispatched it, e.g. "dsa.decode=trtllm"
     verdict: KernelVerdict
     row: Support | None  # the row that decided
+    choices: tuple[str, ...] = ()  # every assignment of the launch that dispatches it (the phases)
 
     def message(self, release: str, basis: str) -> str:
         slot, _, value = self.choice.partition("=")
@@ -46,6 +47,7 @@ class Judged:
             "kernel": self.kernel.id,
             "title": self.kernel.title,
             "choice": self.choice,
+            "choices": list(self.choices or (self.choice,)),
             "verdict": self.verdict.value,
             "evidence": self.row.evidence if self.row else None,
             "releases": f"{self.row.package} {self.row.releases}" if self.row else None,
@@ -63,16 +65,16 @@ def _holds(assignment: str, facts: Mapping[str, str]) -> bool:
 
 def dispatched(
     table: KernelTable, slots: Mapping[str, str], record: Mapping[str, object], env: Mapping[str, str] | None = None
-) -> list[tuple[Kernel, str]]:
-    """(kernel, the assignment that selects it) for every kernel the launch dispatches;
+) -> list[tuple[Kernel, list[str]]]:
+    """(kernel, the assignments that select it) for every kernel the launch dispatches;
     `env` is the server's environment (env.NAME in a kernel's `when`)."""
     facts = {**{k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in record.items()}, **slots}
     facts.update({f"env.{k}": v for k, v in (env or {}).items()})
     found = []
     for kernel in table.kernels:
-        choice = next((a for a in kernel.dispatched_by if _holds(a, slots)), None)
-        if choice is not None and all(_holds(a, facts) for a in kernel.when):
-            found.append((kernel, choice))
+        choices = [a for a in kernel.dispatched_by if _holds(a, slots)]
+        if choices and all(_holds(a, facts) for a in kernel.when):
+            found.append((kernel, choices))
     return found
 
 
@@ -91,7 +93,7 @@ def judge(
     if not capability.startswith("12."):
         return []
     out = []
-    for kernel, choice in dispatched(table, slots, record, env):
+    for kernel, choices in dispatched(table, slots, record, env):
         runs, row = kernel.judge(dict(versions), capability)
         if runs is None:
             verdict = KernelVerdict.UNKNOWN
@@ -101,7 +103,7 @@ def judge(
             verdict = KernelVerdict.COVERED
         else:
             verdict = KernelVerdict.ALLOWED if kernel.id in allowed else KernelVerdict.NO_BUILD
-        out.append(Judged(kernel, choice, verdict, row))
+        out.append(Judged(kernel, choices[0], verdict, row, tuple(choices)))
     return out
 
 

@@ -48,6 +48,7 @@ QUIET = ("no torch", f"${OFF_ENV}")  # where not resolving is expected: the basi
 @dataclass
 class Selection:
     capability: str
+    capability_from: str  # where it was read: --capability, the profile, NVML
     basis: str
     resolved_by_sglang: bool
     slots: dict[str, str]
@@ -96,6 +97,7 @@ class Selection:
     def as_json(self) -> dict:
         return {
             "capability": self.capability,
+            "capability_from": self.capability_from,
             "basis": self.basis,
             "resolved_by_sglang": self.resolved_by_sglang,
             "slots": self.slots,
@@ -153,7 +155,7 @@ def judge_launch(
         )
     filled = slots.fill(record, model_config)
     judged = context.judge(record, allowed)
-    selection = Selection(node.capability, basis, by_sglang, filled, judged, resolution)
+    selection = Selection(node.capability, node.source, basis, by_sglang, filled, judged, resolution)
     if not by_sglang and not reason.startswith(QUIET):
         selection.unresolved = f"sglang's own resolution could not run ({reason}): {basis.split(' (')[0]}"
     if selection.refused and render_with is not None:

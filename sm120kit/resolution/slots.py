@@ -32,6 +32,8 @@ RECORD_FIELDS = tuple(
             "disable_custom_all_reduce",
             "enable_flashinfer_allreduce_fusion",
             "disable_cuda_graph",
+            "cuda_graph_backend_decode",  # 0.5.20 on: "disabled" turns decode graphs off
+            "cuda_graph_backend_prefill",
             "page_size",
             "moe_a2a_backend",
             "linear_attn_backend",
@@ -88,7 +90,8 @@ def fill(record: Mapping[str, object], config: Mapping | None = None) -> dict[st
     elif "disable_custom_all_reduce" in record:
         slots["allreduce"] = "nccl" if record.get("disable_custom_all_reduce") else "custom"
     if "disable_cuda_graph" in record:
-        slots["cuda_graph"] = "off" if record.get("disable_cuda_graph") else "on"
+        off = record.get("disable_cuda_graph") or record.get("cuda_graph_backend_decode") == "disabled"
+        slots["cuda_graph"] = "off" if off else "on"
     architectures = (config or {}).get("architectures")
     if isinstance(architectures, list) and architectures and isinstance(architectures[0], str):
         slots["architecture"] = architectures[0]
