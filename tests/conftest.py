@@ -113,13 +113,16 @@ def session_cache(tmp_path_factory) -> Path:
 def private_caches(request, session_cache, tmp_path_factory, monkeypatch) -> None:
     """The session's warm sm120kit cache ($SM120KIT_CACHE_DIR; an empty one of its own for a
     test marked cold_cache), a flashinfer JIT cache root of each test's own (patching
-    flashinfer removes that version's JIT cache: never the machine's), no outcome seed."""
+    flashinfer removes that version's JIT cache: never the machine's), no outcome seed, no
+    CUDA toolkit."""
     cold = request.node.get_closest_marker("cold_cache")
     monkeypatch.setenv("SM120KIT_CACHE_DIR", str(tmp_path_factory.mktemp("cache") if cold else session_cache))
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path_factory.mktemp("flashinfer-home")))
     # The shipped outcome seed (patches/outcomes.json) off: the tests exercise the transforms,
     # which the seed would answer for (tests/test_outcome_seed.py turns it on).
     monkeypatch.setenv("SM120KIT_NO_OUTCOME_SEED", "1")
+    # No CUDA toolkit unless a test gives one: the host's nvcc must not decide a launch rule.
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path_factory.getbasetemp() / "no-cuda-toolkit"))
 
 
 @pytest.fixture

@@ -37,6 +37,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "atomic_write",
             "endpoint",
             "wheels",
+            "cuda_toolkit",
         ),
     ),
     ("patching", ("patching",)),

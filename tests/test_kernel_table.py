@@ -130,6 +130,16 @@ def test_off_sm12x_nothing_is_judged_and_an_allowed_kernel_is_said_as_allowed():
     assert {j.verdict for j in found if j.kernel.id == "fa3-attention"} == {judge.KernelVerdict.ALLOWED}
 
 
+def test_past_what_the_table_read_its_verdict_counts_unverified():
+    """A release newer than the table read (sglang 0.5.24 the day it ships) is judged as the
+    newest read: an SM90-only kernel is still refused, and the message says it is unverified."""
+    record = {"attention_backend": "fa3"}
+    found = judge.judge(TABLE, slots.fill(record), record, {"sglang": "0.5.24"}, "12.0")
+    (fa3,) = [j for j in found if j.kernel.id == "fa3-attention"]
+    assert fa3.verdict is judge.KernelVerdict.NO_BUILD
+    assert f"sglang read through {TABLE.read_through['sglang']}: unverified" in fa3.message("sglang 0.5.24", "b")
+
+
 def test_a_release_no_row_covers_is_unknown_not_refused():
     record = {"attention_backend": "fa3"}
     found = judge.judge(TABLE, slots.fill(record), record, {"sglang": "0.4.0"}, "12.0")

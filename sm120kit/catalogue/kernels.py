@@ -14,6 +14,7 @@ sm120kit.resolution.judge.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -127,14 +128,30 @@ class Kernel(BaseModel):
     def _assignments(cls, values: list[str]) -> list[str]:
         return [_assignment(v) for v in values]
 
-    def judge(self, versions: dict[str, str], capability: str) -> tuple[bool | None, Support | None]:
-        """(runs, the row that decides): False with the first row that says no; True when a
-        row covers the installed release and none says no; None when no row covers it."""
-        covering = [s for s in self.support if s.package in versions and s.covers(versions[s.package])]
+    def judge(
+        self, versions: Mapping[str, str], capability: str, read_through: Mapping[str, str] | None = None
+    ) -> tuple[bool | None, Support | None, str]:
+        """(runs, the row that decides, what was read where the installed release is newer):
+        False with the first row that says no; True when a row covers the installed release
+        and none says no; None when no row covers it. A release newer than the newest the
+        table read of its package (`read_through`) is judged as that one: the table's verdict
+        counts past it, as the survey's open failures do, and says it was not verified."""
+        judged, past = dict(versions), ""
+        for package, newest in (read_through or {}).items():
+            if package in judged and _after(judged[package], newest):
+                judged[package], past = newest, past or f"{package} read through {newest}"
+        covering = [s for s in self.support if s.package in judged and s.covers(judged[s.package])]
         for row in covering:
             if not row.runs_on(capability):
-                return False, row
-        return (True, covering[0]) if covering else (None, None)
+                return False, row, past
+        return (True, covering[0], past) if covering else (None, None, "")
+
+
+def _after(version: str, newest: str) -> bool:
+    try:
+        return Version(version) > Version(newest)
+    except InvalidVersion:
+        return False
 
 
 class _Document(BaseModel):
@@ -149,6 +166,16 @@ class KernelTable:
 
     def get(self, kernel_id: str) -> Kernel | None:
         return next((k for k in self.kernels if k.id == kernel_id), None)
+
+    @cached_property
+    def read_through(self) -> dict[str, str]:
+        """package -> the newest release any row names as read (a bound inside a range)."""
+        newest: dict[str, str] = {}
+        for row in (r for k in self.kernels for r in k.support):
+            for spec in row.specifier:
+                if row.covers(spec.version) and not _after(newest.get(row.package, "0"), spec.version):
+                    newest[row.package] = spec.version
+        return newest
 
 
 def read_table(path: Path = SHIPPED) -> KernelTable:

@@ -102,6 +102,7 @@ class Facts:
     model_config_problem: str = ""  # why not
     capability: str = "12.0"
     patch_outcome: Callable[[str], str | None] = lambda patch_id: None  # a patch's outcome on the target
+    nvcc: str | None = None  # the release of the nvcc flashinfer compiles with ("12.8"), where there is one
 
     def flag(self, spellings: Sequence[str]) -> tuple[bool, str | None]:
         """(given, value) of the first of the spellings that the argv gives, in the order
@@ -140,6 +141,8 @@ def _holds(condition: Condition, facts: Facts) -> bool | None:
         values = node if isinstance(node, list) else [node]
     elif condition.env is not None:
         values = [facts.env.get(condition.env, condition.default)]
+    elif condition.nvcc:
+        values = [facts.nvcc]
     else:
         values = [facts.capability]
     if condition.matches is not None:
@@ -219,8 +222,18 @@ def check_launch(
     versions = {p: d.version for p in ("sglang", "flashinfer-python") if (d := target.find(p))}
     config, problem = model_config(profile.model.path)
     outcome = cache(lambda patch_id: patch_outcome(target, patch_id, patch_dirs))
-    facts = Facts(launch.argv, {**launch.env}, versions, config, problem, capability, outcome)
+    facts = Facts(launch.argv, {**launch.env}, versions, config, problem, capability, outcome, _nvcc(launch.env))
     return judge(survey, facts, allow)
+
+
+def _nvcc(env: Mapping[str, str]) -> str | None:
+    """The nvcc flashinfer's JIT would compile with in the server's environment, as "12.8"."""
+    import os
+
+    from sm120kit.cuda_toolkit import flashinfer_nvcc
+
+    found = flashinfer_nvcc({**os.environ, **env})
+    return ".".join(map(str, found[1])) if found and found[1] else None
 
 
 def model_config(path: str | None) -> tuple[dict | None, str]:

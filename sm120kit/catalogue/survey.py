@@ -56,7 +56,9 @@ class Condition(BaseModel):
     key of the checkpoint's quantization, `quantization`: the methods of sglang's
     --quantization (the profile's model.quantization) under which it can hold (a launch
     that gives another is decided without config.json: the fact does not hold);
-    `env`: the server's environment; `capability = true`: the profile's
+    `env`: the server's environment; `nvcc = true`: the release of the nvcc flashinfer's JIT
+    compiles with in the server's environment ("12.8"; where there is none the fact does not
+    hold); `capability = true`: the profile's
     node.compute_capability. The fact holds when its value is `in` the list, or `matches`
     the regular expression (for a list value: any element), or for `present`, when the
     flag is (or is not) given."""
@@ -68,6 +70,7 @@ class Condition(BaseModel):
     quantization: list[Line] | None = Field(None, min_length=1)  # with `model`: see above
     env: Line | None = None
     capability: bool | None = None  # the profile's node.compute_capability ("12.0", "12.1")
+    nvcc: bool | None = None  # the release ("12.8") of the nvcc flashinfer's JIT compiles with, where one is
     in_: list[str] | None = Field(None, alias="in", min_length=1)
     matches: Line | None = None  # a regular expression that a value (or an element of a list) contains
     present: bool | None = None
@@ -80,9 +83,9 @@ class Condition(BaseModel):
 
     @model_validator(mode="after")
     def _one_of_each(self) -> Condition:
-        subjects = [k for k in ("flag", "model", "env", "capability") if getattr(self, k) is not None]
+        subjects = [k for k in ("flag", "model", "env", "capability", "nvcc") if getattr(self, k) is not None]
         if len(subjects) != 1:
-            raise ValueError("a condition names exactly one of flag, model, env, capability")
+            raise ValueError("a condition names exactly one of flag, model, env, capability, nvcc")
         if sum(x is not None for x in (self.in_, self.matches, self.present)) != 1:
             raise ValueError("a condition has exactly one of `in`, `matches` and `present`")
         if self.matches is not None:
@@ -120,6 +123,8 @@ class Condition(BaseModel):
             if self.model
             else f"${self.env}"
             if self.env
+            else "the nvcc flashinfer compiles with"
+            if self.nvcc
             else "node.compute_capability"
         )
         if self.present is not None:

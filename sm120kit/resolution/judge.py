@@ -29,6 +29,7 @@ class Judged:
     verdict: KernelVerdict
     row: Support | None  # the row that decided
     choices: tuple[str, ...] = ()  # every assignment of the launch that dispatches it (the phases)
+    past: str = ""  # "sglang read through 0.5.23" where the installed release is newer: unverified
 
     def message(self, release: str, basis: str) -> str:
         slot, _, value = self.choice.partition("=")
@@ -37,6 +38,8 @@ class Judged:
         if self.verdict is KernelVerdict.UNKNOWN:
             return f"{head}: {led}; the kernel table has no row for this release ({basis})"
         evidence = f"; {self.row.package} {self.row.releases}: {self.row.evidence}" if self.row else ""
+        if self.past:
+            evidence += f" (the table was {self.past}: unverified on this release)"
         allowed = " (allowed by --allow-known-failure)" if self.verdict is KernelVerdict.ALLOWED else ""
         if self.verdict is KernelVerdict.COVERED:
             allowed = f" (covered: {self.kernel.patched_by} is in place)"
@@ -52,6 +55,7 @@ class Judged:
             "evidence": self.row.evidence if self.row else None,
             "releases": f"{self.row.package} {self.row.releases}" if self.row else None,
             "upstream": list(self.kernel.upstream),
+            "unverified": self.past or None,
             "survey": list(self.kernel.survey),
         }
 
@@ -94,7 +98,7 @@ def judge(
         return []
     out = []
     for kernel, choices in dispatched(table, slots, record, env):
-        runs, row = kernel.judge(dict(versions), capability)
+        runs, row, past = kernel.judge(versions, capability, table.read_through)
         if runs is None:
             verdict = KernelVerdict.UNKNOWN
         elif runs:
@@ -103,7 +107,7 @@ def judge(
             verdict = KernelVerdict.COVERED
         else:
             verdict = KernelVerdict.ALLOWED if kernel.id in allowed else KernelVerdict.NO_BUILD
-        out.append(Judged(kernel, choices[0], verdict, row, tuple(choices)))
+        out.append(Judged(kernel, choices[0], verdict, row, tuple(choices), past))
     return out
 
 
@@ -113,7 +117,7 @@ def alternatives(
     """The values of `slot` whose kernels the table says run here, table order."""
     found: list[str] = []
     for kernel in table.kernels:
-        runs, _ = kernel.judge(dict(versions), capability)
+        runs, _, _ = kernel.judge(versions, capability, table.read_through)
         if not runs:
             continue
         for assignment in kernel.dispatched_by:

@@ -140,27 +140,20 @@ NVCC_FOR_SM120 = (12, 9)  # below it flashinfer 0.6.3-0.6.6 and 0.7.1+ build com
 
 
 def nvcc(inputs: CheckInputs) -> Check | None:
-    """The CUDA toolkit flashinfer's JIT compiles with, found as flashinfer's
-    jit/cpp_ext.py get_cuda_path finds it ($CUDA_HOME, $CUDA_PATH, the nvcc on PATH,
-    /usr/local/cuda) in the server's environment, its release read from the toolkit's
-    version.json (no compiler is run)."""
+    """The CUDA toolkit flashinfer's JIT compiles with (sm120kit.cuda_toolkit), in the
+    server's environment."""
+    from sm120kit.cuda_toolkit import flashinfer_nvcc
+
     target = inputs.node.target
     dist = target.find("flashinfer-python") if target else None
     if dist is None:
         return None
-    env = inputs.server_env
-    home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
-    if home is None:
-        import shutil
-
-        found = shutil.which("nvcc", path=env.get("PATH", ""))
-        home = str(Path(found).resolve().parent.parent) if found else "/usr/local/cuda"
-    compiler = Path(home) / "bin" / "nvcc"
-    if not compiler.exists():
-        return Check("nvcc", Status.INFO, f"no nvcc at {compiler}: flashinfer's JIT falls back to torch's CUDA version")
-    release = _toolkit_release(Path(home))
+    found = flashinfer_nvcc(inputs.server_env)
+    if found is None:
+        return Check("nvcc", Status.INFO, "no nvcc: flashinfer's JIT falls back to torch's CUDA version")
+    compiler, release = found
     if release is None:
-        return Check("nvcc", Status.INFO, f"{compiler}: its release is not readable ({home}/version.json)")
+        return Check("nvcc", Status.INFO, f"{compiler}: its release is not readable (the toolkit's version.json)")
     said = f"flashinfer {dist.version} compiles with {compiler} (CUDA {'.'.join(map(str, release))})"
     if release < NVCC_FOR_SM120:
         return Check(
@@ -171,14 +164,3 @@ def nvcc(inputs: CheckInputs) -> Check | None:
             "install the CUDA 12.9+ toolkit and point CUDA_HOME at it",
         )
     return Check("nvcc", Status.OK, said)
-
-
-def _toolkit_release(home: Path) -> tuple[int, int] | None:
-    from sm120kit.shallow_json import loads
-
-    try:
-        doc = loads((home / "version.json").read_text())
-        major, minor = str(doc["cuda"]["version"]).split(".")[:2]
-        return int(major), int(minor)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
