@@ -13,7 +13,6 @@ sm120kit.resolution.judge.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -22,15 +21,10 @@ from typing import Annotated, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sm120kit import search_paths
-from sm120kit.errors import UserError, problems
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:
-    import tomli as tomllib
+from sm120kit.errors import UserError
 
 FILENAME = "kernels.toml"
 SHIPPED = search_paths.shipped("patches") / FILENAME  # beside the survey, in the wheel too
@@ -180,23 +174,12 @@ class KernelTable:
 
 def read_table(path: Path = SHIPPED) -> KernelTable:
     """The kernel table, validated; a defect is a UserError naming the file and the key."""
-    hint = "fix the entry (the file's header says what each key holds)"
-    try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: cannot read the kernel table: {exc}", hint) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path}: not valid TOML: {exc}", hint) from None
-    try:
-        parsed = _Document.model_validate(doc)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(map(str, first["loc"]))
-        more = f" (and {exc.error_count() - 1} more: {problems(exc)})" if exc.error_count() > 1 else ""
-        raise UserError(f"{path}: {where}: {first['msg'].removeprefix('Value error, ')}{more}", hint) from None
+    from sm120kit.catalogue.survey import HINT, read_document
+
+    parsed = read_document(path, _Document, "kernel table", lambda doc, loc: ".".join(map(str, loc)))
     seen: set[str] = set()
     for kernel in parsed.kernel:
         if kernel.id in seen:
-            raise UserError(f"{path}: kernel {kernel.id}: listed twice", hint)
+            raise UserError(f"{path}: kernel {kernel.id}: listed twice", HINT)
         seen.add(kernel.id)
     return KernelTable(tuple(parsed.kernel), path)

@@ -209,9 +209,11 @@ def check_launch(
     allowed: Sequence[str] = (),
     survey: Survey | None = None,
     capability: str | None = None,
+    model: tuple[dict | None, str] | None = None,
 ) -> list[Judged]:
     """The rules judged for one rendered launch of `profile` on `target` (on `capability`,
-    else the profile's). An unknown id in `allowed` is a UserError."""
+    else the profile's; `model`: model_config() of the profile, where the caller read it).
+    An unknown id in `allowed` is a UserError."""
     from sm120kit.catalogue.survey import load_survey
 
     survey = survey or load_survey(list(patch_dirs) or None)
@@ -220,7 +222,7 @@ def check_launch(
     if not capability.startswith("12."):
         return []
     versions = {p: d.version for p in ("sglang", "flashinfer-python") if (d := target.find(p))}
-    config, problem = model_config(profile.model.path)
+    config, problem = model or model_config(profile.model.path)
     outcome = cache(lambda patch_id: patch_outcome(target, patch_id, patch_dirs))
     facts = Facts(launch.argv, {**launch.env}, versions, config, problem, capability, outcome, _nvcc(launch.env))
     return judge(survey, facts, allow)

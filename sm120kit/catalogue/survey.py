@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal, TypeVar, get_args
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -31,6 +32,7 @@ else:
 FILENAME = "known-failures.toml"
 Package = Literal["sglang", "flashinfer-python"]
 PACKAGES = get_args(Package)
+M = TypeVar("M", bound=BaseModel)
 STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 Id = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9.-]*$", max_length=80)]
 Line = Annotated[str, Field(min_length=1, max_length=2000)]
@@ -286,26 +288,35 @@ def _where(path: Path, doc: dict, loc: tuple) -> str:
     return ".".join(map(str, loc)) or "the document"
 
 
-def read_file(path: Path) -> list[Failure]:
-    """One survey file, validated; any defect is a UserError naming the file and the key."""
-    hint = "fix the entry (the file's header says what each key holds)"
+HINT = "fix the entry (the file's header says what each key holds)"
+
+
+def read_document(path: Path, model: type[M], what: str, where: Callable[[dict, tuple], str]) -> M:
+    """A TOML data file of the catalogue, validated by `model`: any defect is a UserError
+    naming the file and, by where(doc, pydantic location), the key."""
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: cannot read the known-failures survey: {exc}", hint) from None
+        raise UserError(f"{path}: cannot read the {what}: {exc}", HINT) from None
     except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path}: not valid TOML: {exc}", hint) from None
+        raise UserError(f"{path}: not valid TOML: {exc}", HINT) from None
     try:
-        parsed = _Document.model_validate(doc)
+        return model.model_validate(doc)
     except ValidationError as exc:
         first = exc.errors()[0]
         more = f" (and {exc.error_count() - 1} more: {problems(exc)})" if exc.error_count() > 1 else ""
         message = first["msg"].removeprefix("Value error, ")
-        raise UserError(f"{path}: {_where(path, doc, first['loc'])}: {message}{more}", hint) from None
+        raise UserError(f"{path}: {where(doc, first['loc'])}: {message}{more}", HINT) from None
+
+
+def read_file(path: Path) -> list[Failure]:
+    """One survey file, validated; any defect is a UserError naming the file and the key."""
+
+    parsed = read_document(path, _Document, "known-failures survey", lambda doc, loc: _where(path, doc, loc))
     seen: set[str] = set()
     for i, failure in enumerate(parsed.failure):
         if failure.id in seen:
-            raise UserError(f"{path}: failure[{i}] ({failure.id}).id: listed twice", hint)
+            raise UserError(f"{path}: failure[{i}] ({failure.id}).id: listed twice", HINT)
         seen.add(failure.id)
     return parsed.failure
 

@@ -55,7 +55,6 @@ class Selection:
     judged: list[kernel_judge.Judged]
     resolution: run.Resolution | None = None
     way_out: list[str] = field(default_factory=list)  # --set assignments, resolved and judged clean
-    way_out_flags: list[str] = field(default_factory=list)
     unresolved: str = ""  # why sglang's resolution did not run where it should have: a warning
 
     @property
@@ -83,7 +82,7 @@ class Selection:
         ids = " ".join(f"--allow-known-failure {j.kernel.id}" for j in refused)
         if self.way_out:
             sets = " ".join(f"--set {s}" for s in self.way_out)
-            flags = f" (sglang flags: {' '.join(self.way_out_flags)})" if self.way_out_flags else ""
+            flags = f" (sglang flags: {' '.join(_flags_for(self.way_out))})"
             how = "sglang's own resolution" if self.resolved_by_sglang else "the kernel table"
             hint = f"add {sets}{flags}, which {how} finds clean; or start anyway with {ids}"
         elif any(j.choice.partition("=")[0] in SETTINGS for j in refused):
@@ -160,7 +159,6 @@ def judge_launch(
         selection.unresolved = f"sglang's own resolution could not run ({reason}): {basis.split(' (')[0]}"
     if selection.refused and render_with is not None:
         selection.way_out = context.way_out(selection.refused, render_with)
-        selection.way_out_flags = _flags_for(selection.way_out)
     return selection
 
 

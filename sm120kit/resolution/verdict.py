@@ -11,7 +11,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from sm120kit.catalogue import rules
-from sm120kit.catalogue.kernels import read_table
+from sm120kit.catalogue.kernels import KernelTable, read_table
 from sm120kit.errors import UserError
 from sm120kit.resolution.run import Node
 from sm120kit.resolution.selection import Selection, judge_launch
@@ -49,11 +49,11 @@ class LaunchVerdict:
         }
 
 
-def split_allowed(allowed: Sequence[str]) -> tuple[list[str], frozenset[str]]:
+def split_allowed(allowed: Sequence[str], table: KernelTable) -> tuple[list[str], frozenset[str]]:
     """--allow-known-failure IDs: (survey ids, kernel ids). A survey id allows the kernels
     that account for it too; an id of neither is left with the survey's, whose check names
     the nearest."""
-    kernels = read_table().kernels
+    kernels = table.kernels
     kernel_ids = {k.id for k in kernels}
     survey_ids = [a for a in allowed if a not in kernel_ids]
     also = {k.id for k in kernels if set(k.survey) & set(survey_ids)}
@@ -71,15 +71,16 @@ def judge(
     survey: Survey | None = None,
 ) -> LaunchVerdict:
     """The rules and the kernels of one rendered launch of `profile` on `target`."""
-    survey_ids, kernel_ids = split_allowed(allowed)
-    judged = rules.check_launch(profile, launch, target, patch_dirs, survey_ids, survey, node.capability)
-    config, problem = rules.model_config(profile.model.path)
+    table = read_table()
+    survey_ids, kernel_ids = split_allowed(allowed, table)
+    config, problem = model = rules.model_config(profile.model.path)  # read once, for both
+    judged = rules.check_launch(profile, launch, target, patch_dirs, survey_ids, survey, node.capability, model)
 
     @cache
     def covered(patch_id: str) -> bool:
         return rules.patch_outcome(target, patch_id, patch_dirs) in rules.IN_PLACE
 
     selection = judge_launch(
-        launch.argv, launch.env, target, node, config, kernel_ids, render_with, None, problem, covered
+        launch.argv, launch.env, target, node, config, kernel_ids, render_with, table, problem, covered
     )
     return LaunchVerdict(judged, selection)
