@@ -552,13 +552,59 @@ def first_day_input_cases(sites: Sites, tmp: Path) -> list[tuple]:
     return cases
 
 
+# -- issue 31: user directories that are not what they say, a user patch's range, a deep --
+# -- site answer, a user's survey entry that says nothing                                  --
+
+
+def truth_cases(sites: Sites, tmp: Path) -> list[tuple]:
+    root = tmp / "truth"
+    root.mkdir()
+    cases: list[tuple] = []
+    survey_dir = root / "survey-a-dir"
+    (survey_dir / "known-failures.toml").mkdir(parents=True)
+    for argv in (["known-failures"], ["serve", "glm5-nvfp4", "--dry-run"], ["profile", "check", "glm5-nvfp4"]):
+        cases.append((f"{argv[0]}: known-failures.toml a directory", [*argv, "--patch-dir", survey_dir], {}, 2))
+    a_file = root / "a-file"
+    a_file.write_text("x\n")
+    cases.append(("--profile-dir a file", ["profiles", "--profile-dir", a_file], {}, 2))
+    cases.append(("--patch-dir a file", ["patches", "--patch-dir", a_file], {}, 2))
+    source = (ROOT / "tests" / "fixtures" / "patches" / "sglang" / "version_marker.py").read_text()
+    for label, bad in (
+        (
+            "range",
+            source.replace('Rewrite("sglang/version.py", ">=0.5.9,<0.5.24"', 'Rewrite("sglang/version.py", "banana"'),
+        ),
+        ("fixed_in", source.replace("    summary=", '    fixed_in="banana",\n    summary=')),
+    ):
+        assert bad != source, f"the fixture patch changed: the {label} case no longer plants its mistake"
+        mine = root / f"patch-{label}"
+        (mine / "sglang").mkdir(parents=True)
+        (mine / "sglang" / "bad.py").write_text(bad)
+        for argv in (["patches"], ["status", "--site", sites.vendor], ["patch", "--site", sites.copy(patched=False)]):
+            cases.append((f"user patch {label} 'banana': {argv[0]}", [*argv, "--patch-dir", mine], {}, 2))
+    deep = root / "python-deep"
+    deep.write_text("#!/bin/sh\ncat <<'EOF'\n" + "[" * 100_000 + "]" * 100_000 + "\nEOF\n")
+    deep.chmod(0o755)
+    cases.append(("--python answering deeply nested JSON", ["status", "--python", deep], {}, 2))
+    for label, text in (
+        ("neither a symptom nor a rule", '[[failure]]\nid = "ours-1"\naffected = ">=0.5.20"\n'),
+        ("no range", '[[failure]]\nid = "ours-2"\nsymptom = "boom"\n'),
+        ("a range PEP 440 cannot read", '[[failure]]\nid = "ours-3"\naffected = "banana"\nsymptom = "boom"\n'),
+    ):
+        mine = root / f"survey-{label.replace(' ', '-')}"
+        mine.mkdir()
+        (mine / "known-failures.toml").write_text(text)
+        cases.append((f"user survey entry with {label}", ["known-failures", "--patch-dir", mine], {}, 2))
+    return cases
+
+
 def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="sm120kit-bad-inputs-"))
     try:
         state = {"SM120KIT_STATE_DIR": str(tmp / "state")}
         sites = Sites(tmp)
         cases = patch_cases(sites, tmp) + serve_cases(tmp) + first_day_cases(tmp)
-        cases += io_fault_cases(sites, tmp) + first_day_input_cases(sites, tmp)
+        cases += io_fault_cases(sites, tmp) + first_day_input_cases(sites, tmp) + truth_cases(sites, tmp)
         tally = {"tried": 0, "clear": 0, "traceback": 0, "internal error": 0, "signal": 0, "wrong exit code": 0}
         for label, argv, env, want, *prefix in cases:
             proc = sm120kit(argv, {**state, **env}, cwd=tmp, prefix=prefix[0] if prefix else ())

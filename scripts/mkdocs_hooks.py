@@ -1,14 +1,26 @@
 """MkDocs hook (mkdocs.yml `hooks:`): the site's home page is the README itself, one text
-rather than two copies, its links rewritten for the site — `docs/PAGE` is `PAGE` there, and a
-link to a file outside docs/ (LICENSE) keeps only its text."""
+rather than two copies, its links rewritten for the site — `docs/PAGE` is `PAGE` there, a
+file of the checkout that the site publishes (LICENSE, as LICENSE.txt: a browser shows it
+rather than downloading it) is linked there, and a link to any other file outside docs/
+keeps only its text."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+from mkdocs.structure.files import File
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PUBLISHED = {"LICENSE": "LICENSE.txt"}  # a file of the checkout -> its name on the site
 LINK = re.compile(r"\[([^\]]*)\]\(([^)]*)\)")
+
+
+def on_files(files, config):
+    for source, name in PUBLISHED.items():
+        files.append(File.generated(config, name, abs_src_path=str(ROOT / source)))
+    return files
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
@@ -18,8 +30,9 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
     def for_the_site(link: re.Match) -> str:
         text, target = link.groups()
-        target = target.removeprefix("docs/")
-        if target.startswith(("http://", "https://")) or (target and (docs / target.split("#")[0]).is_file()):
+        target = PUBLISHED.get(target, target.removeprefix("docs/"))
+        published = target in PUBLISHED.values()
+        if published or target.startswith(("http://", "https://")) or (docs / target.split("#")[0]).is_file():
             return f"[{text}]({target})"
         return text
 

@@ -28,6 +28,11 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _code(text: str) -> str:
+    """Inline code; a text with a backtick in it (a log line quoting a flag) between two."""
+    return f"`` {text} ``" if "`" in text else f"`{text}`"
+
+
 def render() -> str:
     survey = load_survey(validate_patches=False)
     lines = [
@@ -68,7 +73,7 @@ def render() -> str:
                 f"- a selection question: judged on what sglang resolves, by [the kernel table](kernels.md) ({judged})"
             )
         if f.symptom:
-            lines.append(f"- log: `{f.symptom}`")
+            lines.append(f"- log: {_code(f.shown_symptom)}")
         else:
             lines.append("- log: nothing (slow, or wrong output)")
         if f.rule:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from sm120kit.followup import complete
+
 
 class UserError(Exception):
     """Bad input or a state the user must resolve. The CLI prints it and exits 2."""
@@ -15,7 +17,8 @@ class UserError(Exception):
         self.hint = hint
 
     def __str__(self) -> str:
-        return self.message if not self.hint else f"{self.message}\n  next: {self.hint}"
+        message = complete(self.message)  # a command it names is spelled for the running invocation
+        return message if not self.hint else f"{message}\n  next: {complete(self.hint)}"
 
 
 def problems(exc: Exception, limit: int = 3) -> str:

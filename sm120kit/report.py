@@ -14,6 +14,8 @@ import textwrap
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import TextIO
 
+from sm120kit.followup import complete
+
 NOT_A_TERMINAL = 100  # the width for a pipe, a file, a CI log
 NARROWEST = 40  # a terminal narrower than this gets 40: wrapping further helps nobody
 NARROWEST_COLUMN = 8
@@ -102,29 +104,26 @@ def table(
     whole: Sequence[int] = (),
 ) -> str:
     """Columns padded to their widest cell, two spaces apart (no header line when every
-    header is empty). Fitted to `width` (None: as wide as the cells): the `narrow` columns
-    (indices) give up width, the widest first, down to their header's (8 at least), and
-    their cells wrap within them; first only as far as each cell still breaks at a space,
-    a "/", a "-", a "–" or a ",", then further. The `whole` columns hold ids (a patch id,
-    a failure id: what users copy into a command): never broken inside one, a narrow one
-    gives up width only down to its longest id. A row's note follows it on lines of its
-    own, indented and wrapped: the long text (a file, a detail, a summary) that no column
-    could hold."""
+    header is empty). Fitted to `width` (None: as wide as the cells): the `narrow` and the
+    `whole` columns give up width, the widest first, each step only as far as it breaks
+    nothing worse than the step before: down to their longest word (a cell wraps at its
+    spaces); then the narrow columns down to their longest piece (a word breaks after a
+    "/", "-", "–" or ","); then the whole columns so; then the narrow ones down to their
+    header (8 at least), a word broken anywhere rather than a line too wide. The `whole`
+    columns hold ids (a patch id, a failure id: what users copy into a command), never
+    broken inside a piece. A row's note follows it on lines of its own, indented and
+    wrapped: the long text (a file, a detail, a summary) that no column could hold."""
     cells = [[str(c) for c in r] for r in rows]
     count = len(headers)
     whole_columns = {i % count for i in whole}
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
     if width is not None:
-        floors = {i % count: max(len(headers[i % count]), NARROWEST_COLUMN) for i in narrow}
-        for i in floors.keys() & whole_columns:
-            floors[i] = max([floors[i], *(len(word) for r in cells for word in r[i].split())])
-        clean = {i: max([floor, *(_longest_piece(r[i]) for r in cells)]) for i, floor in floors.items()}
         excess = sum(widths) + 2 * (count - 1) - width
-        for limits in (clean, floors):  # clean breaks first; then any, rather than a line too wide
+        for limits in _shrink_steps(headers, cells, {i % count for i in narrow} - whole_columns, whole_columns):
             while excess > 0:
                 shrinkable = [i for i, floor in limits.items() if widths[i] > floor]
                 if not shrinkable:
-                    break  # the fixed columns alone are wider: better too wide than unreadable
+                    break  # on to the next step; after the last, better too wide than unreadable
                 widest = max(shrinkable, key=widths.__getitem__)
                 widths[widest] -= 1
                 excess -= 1
@@ -136,6 +135,27 @@ def table(
     return "\n".join(lines)
 
 
+def _shrink_steps(
+    headers: Sequence[str], cells: list[list[str]], narrow: set[int], whole: set[int]
+) -> list[dict[int, int]]:
+    """The width each column may give up to, step by step (column -> its width at least):
+    breaking at spaces, then inside the narrow columns' words at their break points, then
+    inside the ids at theirs, then the narrow columns anywhere."""
+    floor = {i: max(len(headers[i]), NARROWEST_COLUMN) for i in narrow | whole}
+
+    def at_least(i: int, measure) -> int:
+        return max([floor[i], *(measure(r[i]) for r in cells)])
+
+    words = {i: at_least(i, _longest_word) for i in floor}
+    pieces = {i: at_least(i, _longest_piece) for i in floor}
+    return [
+        words,
+        {**words, **{i: pieces[i] for i in narrow}},
+        pieces,
+        {**pieces, **{i: floor[i] for i in narrow}},
+    ]
+
+
 def _table_row(row: Sequence[str], widths: list[int], whole: Collection[int] = frozenset()) -> list[str]:
     parts = [_cell_lines(cell, w, i in whole) for i, (cell, w) in enumerate(zip(row, widths))]
     height = max(len(p) for p in parts)
@@ -144,31 +164,39 @@ def _table_row(row: Sequence[str], widths: list[int], whole: Collection[int] = f
     ]
 
 
-_BREAKS = ("/", "-–,")  # where a cell without spaces breaks: after a "/" (a path), else after these
+_BREAKS = ("/", "-–,")  # where a word breaks: after a "/" (a path), else after one of these
+
+
+def _longest_word(cell: str) -> int:
+    return max((len(word) for word in cell.split()), default=0)
 
 
 def _longest_piece(cell: str) -> int:
     """The widest piece a cell breaks into at its clean break points (spaces, _BREAKS)."""
-    if " " in cell.strip():
-        return max((len(word) for word in cell.split()), default=0)
-    return max(len(piece) for piece in re.split(r"(?<=[/\-–,])", cell))
+    return max((len(piece) for word in cell.split() for piece in re.split(r"(?<=[/\-–,])", word)), default=0)
 
 
 def _cell_lines(cell: str, width: int, whole: bool = False) -> list[str]:
-    """A cell broken to `width`: at spaces, else (a path) after a "/", else after a "-",
-    "–" or ",", else anywhere; ids (`whole`) only at spaces."""
+    """A cell broken to `width`: at spaces; a word wider than that after a "/", else after a
+    "-", "–" or ",", else (not an id: `whole`) anywhere."""
     if len(cell) <= width:
         return [cell]
-    if whole:
-        return textwrap.wrap(cell, width, break_long_words=False, break_on_hyphens=False)
-    if " " in cell.strip():
-        return textwrap.wrap(cell, width, break_on_hyphens=False)
-    lines = []
-    while len(cell) > width:
-        cut = next((c for marks in _BREAKS if (c := max(cell.rfind(m, 0, width) for m in marks) + 1)), width)
-        lines.append(cell[:cut])
-        cell = cell[cut:]
-    return [*lines, cell]
+    lines: list[str] = []
+    line = ""
+    for word in cell.split():
+        if line and len(line) + 1 + len(word) <= width:
+            line += " " + word
+            continue
+        if line:
+            lines.append(line)
+        while len(word) > width:
+            cut = next((c for marks in _BREAKS if (c := max(word.rfind(m, 0, width) for m in marks) + 1)), 0)
+            if not cut and whole:
+                break  # an id's piece wider than its column stays whole
+            lines.append(word[: cut or width])
+            word = word[cut or width :]
+        line = word
+    return [*lines, line]
 
 
 def emit_json(doc: dict) -> None:
@@ -177,10 +205,11 @@ def emit_json(doc: dict) -> None:
 
 
 def print_warnings(warnings: Iterable[str], wide: bool = False) -> None:
-    """Warnings, one `warning:` message each on stderr, wrapped to its width (error_width)."""
+    """Warnings, one `warning:` message each on stderr, wrapped to its width (error_width);
+    a command one names spelled for the running invocation (followup)."""
     width = error_width(wide)
     for warning in warnings:
-        print(wrap(f"warning: {warning}", width), file=sys.stderr)
+        print(wrap(f"warning: {complete(warning)}", width), file=sys.stderr)
 
 
 def error_text(message: str, wide: bool = False) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import csv
-import json
 import re
 import sys
 import sysconfig
@@ -19,7 +18,7 @@ from functools import cached_property
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from sm120kit import path_limits
+from sm120kit import path_limits, shallow_json
 from sm120kit.errors import UserError
 
 # Asked of a foreign interpreter (--python): where its installed packages live.
@@ -61,12 +60,13 @@ class Distribution:
     def editable_root(self) -> Path | None:
         """The source tree of an editable install (PEP 610 direct_url.json), else None."""
         try:
-            info = json.loads((self.dist_info / "direct_url.json").read_text())
-        except (OSError, ValueError):
+            info = shallow_json.loads((self.dist_info / "direct_url.json").read_bytes())
+        except (OSError, ValueError):  # (nested too deep is a ValueError too: a damaged file)
             return None
-        if not info.get("dir_info", {}).get("editable"):
+        dir_info = info.get("dir_info") if isinstance(info, dict) else None  # (any other shape: damaged)
+        if not (isinstance(dir_info, dict) and dir_info.get("editable") and isinstance(info.get("url"), str)):
             return None
-        url = urlparse(info.get("url", ""))
+        url = urlparse(info["url"])
         return Path(unquote(url.path)) if url.scheme == "file" else None
 
     @cached_property
@@ -245,7 +245,7 @@ def _ask_site_dirs(python: str) -> list[str]:
             f"--python {shown}: could not ask that interpreter for its site directories ({exc})", hint
         ) from None
     try:
-        paths = json.loads(out)
+        paths = shallow_json.loads(out)  # (a wrapper's answer nested 100,000 deep is not a RecursionError)
     except ValueError:
         paths = None
     if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):

@@ -251,12 +251,27 @@ def _scratch_env(scratch: Path) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _trim(text: str, width: int) -> list[str]:
+def _trim(text: str) -> list[str]:
+    """A command's output for the transcript: its first SHOWN_LINES lines or fewer, cut where
+    an item ends (never between a table's row and the lines under it), the rest counted.
+    Lines are kept whole: the command fitted them, and one wider is a path or a URL."""
     lines = text.rstrip("\n").splitlines()
-    shown = [line if len(line) <= width else line[: width - 1] + "…" for line in lines[:SHOWN_LINES]]
-    if len(lines) > SHOWN_LINES:
-        shown.append(f"… {len(lines) - SHOWN_LINES} more lines")
-    return shown
+    if len(lines) <= SHOWN_LINES:
+        return lines
+    top = min(len(line) - len(line.lstrip()) for line in lines if line.strip())
+    cut = next((k for k in range(SHOWN_LINES, 0, -1) if _starts_an_item(lines, k, top)), SHOWN_LINES)
+    return [*lines[:cut], f"… {len(lines) - cut} more lines"]
+
+
+def _starts_an_item(lines: list[str], k: int, top: int) -> bool:
+    """Whether lines[k] begins an item of the output: it is at the outermost indentation, the
+    line above is no table's header (its words all capitals: PATCH PACKAGE ...) and does not
+    lead with a word broken at its end (a table's first cell wrapped: `flashinfer-sm120-`
+    over `arch-suffix`)."""
+    line, above = lines[k], lines[k - 1].split()
+    header = bool(above) and all(word.isupper() for word in above)
+    broken = bool(above) and above[0].endswith(("-", "/", ",", "–"))
+    return len(line) - len(line.lstrip()) == top and not header and not broken
 
 
 def _stderr(err: str, known: str = "") -> str:
@@ -288,7 +303,7 @@ class _Runner:
         if self.echo:
             head = f"# in place of `{command}` (not run): {stands_in}" if stands_in else f"$ {command}"
             self.echo("\n" + report.wrap(head, self.outer, hanging="    "))
-            for line in _trim(output, self.width):
+            for line in _trim(output):
                 self.echo(f"    {line}")
 
     def cli(self, *argv: str, as_json: bool = False) -> tuple[int, str, str]:
@@ -506,12 +521,19 @@ def _step_unpatch(run: _Runner, step: Step) -> str:
 
 def _step_profile(run: _Runner, step: Step) -> str:
     allowed = [w for failure_id in _toolkit_rules() for w in ("--allow-known-failure", failure_id)]
+    # The site was unpatched above: the command prints, and serve would refuse it for that alone.
     code, _ = run.command(step, "serve", PROFILE, "--dry-run", *allowed)
-    _expect(code == ExitCode.OK, f"exit {code}, expected 0")
-    argv = run.doc("profile", "check", PROFILE, *allowed).get("argv") or []
+    _expect(code == ExitCode.FINDINGS, f"exit {code}, expected 1 (its patches are not in place after unpatch)")
+    doc = run.doc("profile", "check", PROFILE, *allowed)
+    argv = doc.get("argv") or []
     _expect(bool(argv), f"`profile check {PROFILE}` rendered no command")
+    failed = [c.get("check") for c in doc.get("checks", []) if c.get("status") == "fail"]
+    _expect(failed == ["patches"], f"`profile check {PROFILE}`: failed {failed or 'nothing'}, expected patches alone")
     run.cycle.arguments = len(argv) - 3  # after `python -m sglang.launch_server`, as `profile check` counts
-    return f"profile {PROFILE} renders for sglang {run.cycle.new[SGLANG]} to {run.cycle.arguments} arguments"
+    return (
+        f"profile {PROFILE} renders for sglang {run.cycle.new[SGLANG]} to {run.cycle.arguments} arguments; "
+        "unpatched, serve refuses it"
+    )
 
 
 def _steps(cycle: Cycle) -> list[tuple[Step, Callable[[_Runner, Step], str]]]:

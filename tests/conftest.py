@@ -7,17 +7,24 @@ the code it runs: the rule and its table are in tests/tiers.py. `pytest -m "not 
 is the fast loop; plain `pytest` (the README's command, .ci/run) runs both tiers. A fast-tier
 test that does start a process, fetch a wheel or compile with Triton all the same fails
 (fast_tier_guard), naming what it did, so the rule's misses do not stay hidden.
+
+What a test needs is imported, never skipped for: a missing module, patch or fixture fails
+the run (tests/test_truth_suite.py keeps it so).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import hashlib
 import os
 import re
+import socketserver
 import sys
+import threading
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -173,6 +180,23 @@ class FakeClock:
         self.now += seconds
 
 
+# How often a test's HTTP server looks for a shutdown request: shutdown() waits for the next
+# look, and serve_forever's default (0.5 s) made each stop cost half a second.
+SERVER_POLL_S = 0.01
+
+
+@contextlib.contextmanager
+def http_served(server: socketserver.BaseServer) -> Iterator[str]:
+    """Serve `server` (bound to 127.0.0.1) from a daemon thread; yields its URL. On exit it
+    stops within SERVER_POLL_S and frees its port."""
+    threading.Thread(target=server.serve_forever, args=(SERVER_POLL_S,), daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def tree_snapshot(root: Path) -> dict[str, bytes]:
     """Every file under root (ledger included) with its bytes: "nothing changed" means equal."""
     return {
@@ -189,20 +213,19 @@ def pytest_collection_modifyitems(items) -> None:
             item.add_marker("integration")
 
 
-@pytest.fixture(autouse=True)
-def fast_tier_guard(request, monkeypatch):
-    """A test left in the fast tier fails when it did what the tier promises it does not."""
-    if request.node.get_closest_marker("integration"):
-        yield
-        return
+def watch_fast_tier(monkeypatch) -> list[str]:
+    """Wrap what a fast-tier test must not use (a child process, a wheel fetch, a Triton
+    compile); returns the list that notes each use, as "processes (os.system)"."""
     done: list[str] = []
 
-    def watch(owner, name: str, need: str) -> None:
+    def watch(owner, name: str, need: str, replaces_this_process: bool = False) -> None:
         original = getattr(owner, name)
 
         @functools.wraps(original)
         def watched(*args, **kwargs):
             done.append(f"{need} ({getattr(owner, '__name__', owner)}.{name})")
+            if replaces_this_process:  # an exec would end pytest itself: nothing left to fail the test
+                pytest.fail(f"this test is in the fast tier but called {done[-1]}", pytrace=False)
             return original(*args, **kwargs)
 
         monkeypatch.setattr(owner, name, watched)
@@ -212,11 +235,21 @@ def fast_tier_guard(request, monkeypatch):
     from sm120kit.tune import aot
 
     watch(subprocess.Popen, "__init__", "processes")
-    watch(os, "fork", "processes")
-    watch(os, "posix_spawn", "processes")
+    for name in tiers.OS_PROCESS_CALLS:
+        watch(os, name, "processes", replaces_this_process=name.startswith("exec"))
     watch(wheels, "fetch", "wheels")
     watch(wheels, "_pip_download", "wheels")
     watch(aot, "compile_for", "triton")
+    return done
+
+
+@pytest.fixture(autouse=True)
+def fast_tier_guard(request, monkeypatch):
+    """A test left in the fast tier fails when it did what the tier promises it does not."""
+    if request.node.get_closest_marker("integration"):
+        yield
+        return
+    done = watch_fast_tier(monkeypatch)
     yield
     if done:
         pytest.fail(

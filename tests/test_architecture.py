@@ -1,7 +1,8 @@
 """The floors of sm120kit (docs/architecture.md): a module imports its own floor and the
 floors below it, never one above, and never a package beside it on its floor. Read from
 the source with ast, so that an import inside a function or under `if TYPE_CHECKING:`
-counts as much as one at the top: a cycle hidden in a function is still a cycle.
+counts as much as one at the top: a cycle hidden in a function is still a cycle, between
+packages and between the modules of one package alike.
 
 FLOORS is the one table of them; the diagram in docs/architecture.md is drawn from it."""
 
@@ -38,6 +39,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "endpoint",
             "wheels",
             "cuda_toolkit",
+            "followup",
+            "model_config",
         ),
     ),
     ("patching", ("patching",)),
@@ -120,6 +123,57 @@ def test_no_module_imports_a_floor_above_it_or_a_package_beside_it():
     assert wrong == [], "\n".join(wrong)
 
 
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of sm120kit it imports (a package's __init__ by the package's name)."""
+    known = modules()
+    return {m: {t for _, t in imported(m, p, known) if t in known and t != m} for m, p in known.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_cycle_finder_finds_a_planted_cycle():
+    graph = import_graph()
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    planted = {**graph, "sm120kit.report": graph["sm120kit.report"] | {"sm120kit.errors"}}
+    planted["sm120kit.errors"] = graph["sm120kit.errors"] | {"sm120kit.report"}
+    assert ["sm120kit.errors", "sm120kit.report"] in cycles(planted)
+
+
+def test_no_module_cycle_even_inside_a_package():
+    found = cycles(import_graph())
+    assert found == [], "modules that import each other (at any depth):\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
 @pytest.mark.parametrize("module", sorted(set(modules()) - {"sm120kit.__main__"}))  # that one runs the cli
 def test_every_module_imports(module):
     importlib.import_module(module)
@@ -137,3 +191,21 @@ def diagram() -> str:
 
 def test_the_documented_diagram_is_the_table():
     assert f"```text\n{diagram()}\n```" in DOC.read_text(), f"docs/architecture.md should draw:\n{diagram()}"
+
+
+def test_the_documented_map_names_every_package_and_top_module():
+    """docs/architecture.md is the one map of the code (docs/development.md points to it): each
+    package and top module of FLOORS is named there, as a floor (**name**) or as `name`."""
+    text = DOC.read_text()
+    units = {u for _, floor in FLOORS for u in floor} - {"sm120kit", "__main__"}
+    assert sorted(u for u in units if f"`{u}`" not in text and f"**{u}**" not in text) == []
+
+
+def test_a_models_config_is_read_through_the_leaf_not_tune():
+    """The launch rules read the model's config.json through the leaf sm120kit.model_config:
+    what a config holds is no business of tune-moe's, which reads it through the same leaf."""
+    graph = import_graph()
+    readers = {m: sorted(t for t in graph[m] if t.startswith("sm120kit.tune")) for m in graph}
+    assert {m: t for m, t in readers.items() if t and m.startswith("sm120kit.catalogue")} == {}
+    assert "sm120kit.model_config" in graph["sm120kit.catalogue.rules"]
+    assert "sm120kit.model_config" in graph["sm120kit.tune.model_config"]

@@ -213,6 +213,43 @@ def test_compare_needs_results_directories(tmp_path, cli):
     assert code == 2 and "is not a results directory (no run.json)" in err
 
 
+def results(tmp_path: Path) -> list[Path]:
+    """Two results directories, before and after, as `sm120kit bench` writes their run.json."""
+    dirs = []
+    for name, totals in (("before", BEFORE), ("after", AFTER)):
+        levels = [{"concurrency": c, "prompts": 3 * c, "figures": {"total_throughput": t}} for c, t in totals.items()]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps({"title": name, "levels": levels}))
+        dirs.append(tmp_path / name)
+    return dirs
+
+
+def test_compare_is_a_verb_with_its_own_options_help_and_exit_codes(tmp_path, cli, capsys):
+    """Before, `compare` was the first word of bench's profile: `bench compare A B --concurrency 5`
+    compared and ignored the option, and `bench compare --help` was bench's help. Now compare
+    is a subcommand: its options are its own, and a sweep's is refused with compare's usage."""
+    before, after = results(tmp_path)
+    code, out, err = cli("bench", "compare", before, after)
+    assert code == 0 and "912" in out and err == ""
+    with pytest.raises(SystemExit) as refused:
+        cli("bench", "compare", before, after, "--concurrency", "5")
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "usage: sm120kit bench compare " in err and "--concurrency 5" in err
+    with pytest.raises(SystemExit) as helped:
+        cli("bench", "compare", "--help")
+    out = capsys.readouterr().out
+    assert helped.value.code == 0 and out.startswith("usage: sm120kit bench compare") and "--concurrency" not in out
+    code, out, err = cli("bench", "compare", before, after, before)
+    assert code == 2 and "two results directories, or one search directory" in err
+
+
+def test_the_spelling_from_before_the_verb_still_compares_and_says_it_is_deprecated(tmp_path, cli):
+    before, after = results(tmp_path)
+    code, out, err = cli("bench", "--json", "compare", before, after)
+    assert code == 0 and json.loads(out) == json.loads(cli("bench", "compare", before, after, "--json")[1])
+    assert "is deprecated" in err and "sm120kit bench compare DIR..." in " ".join(err.split())
+
+
 @pytest.mark.parametrize(
     "version, module",
     [

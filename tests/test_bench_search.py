@@ -522,8 +522,9 @@ def test_the_shipped_variants_file_is_found_by_name(env_python, tmp_path, monkey
     monkeypatch.setenv("SM120KIT_STATE_DIR", str(tmp_path / "state"))
     argv = ["bench", "glm5-nvfp4", "--serve", "--python", env_python, "--variants", "glm5-nvfp4", "--dry-run"]
     code, out, err = cli(*argv, "--json")
-    assert code == 0, err
+    assert code == 1, err  # env_python is unpatched: serve would refuse glm5-nvfp4, and the plan says so
     doc = json.loads(out)
+    assert doc["plan"]["variants"][0]["status"] == "refused" and "patches" in doc["plan"]["variants"][0]["why"]
     assert Path(doc["plan"]["source"]).parts[-3:] == ("profiles", "variants", "glm5-nvfp4.toml")
     assert doc["plan"]["variants"][0]["name"] == "as-written" and len(doc["plan"]["variants"]) > 1
 

@@ -5,7 +5,9 @@ doctor and bench run, a check's bug, the patch check's two judgements, and what 
 from __future__ import annotations
 
 import copy
+import inspect
 import json
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from sm120kit.bench.command import Comparison, SweepResult, compare
 from sm120kit.errors import UserError
 from sm120kit.node import registry
 from sm120kit.node.check import Check, Status
+from sm120kit.node.inputs import Processes
 from sm120kit.node.snapshot import Snapshot
 from sm120kit.profiles.loader import load_profile
 from sm120kit.serve import procs
@@ -32,9 +35,10 @@ def wider_than(text: str, width: int = WIDTH) -> list[str]:
 
 
 def test_every_subset_names_registered_checks():
-    for subset in (registry.DOCTOR, registry.PREFLIGHT, registry.BENCH):
+    for subset in (registry.DOCTOR, registry.PREFLIGHT, registry.ANYWHERE, registry.THIS_NODE, registry.BENCH):
         assert set(subset) <= set(registry.CHECKS) and len(set(subset)) == len(subset)
-    assert set(registry.DOCTOR) & set(registry.PREFLIGHT) == {"gpus", "patches"}  # one judgement, two commands
+    assert set(registry.PREFLIGHT) <= set(registry.DOCTOR)  # one judgement: doctor runs every check serve does
+    assert set(registry.ANYWHERE) | set(registry.THIS_NODE) == set(registry.PREFLIGHT)
     assert set(registry.BENCH) <= set(registry.DOCTOR)
 
 
@@ -64,6 +68,88 @@ def test_the_node_never_imports_serve():
             names = [a.name for a in n.names] if isinstance(n, ast.Import) else []
             names += [f"{n.module}.{a.name}" for a in n.names] if isinstance(n, ast.ImportFrom) else []
             assert not [m for m in names if m.startswith("sm120kit.serve")], path
+
+
+def test_serve_procs_is_what_the_process_checks_read():
+    """The ports and stale-process checks read the node's processes through a Protocol
+    (Processes), not serve's module: the module serve and doctor pass has every member, and
+    each takes a call spelled as the Protocol spells it (mypy holds the types, in CI)."""
+    assert isinstance(procs, Processes)
+    members = [name for name, value in vars(Processes).items() if callable(value) and not name.startswith("_")]
+    assert members
+    for name in members:
+        wanted = list(inspect.signature(getattr(Processes, name)).parameters.values())[1:]  # all but self
+        positional = [None for p in wanted if p.kind is p.POSITIONAL_OR_KEYWORD]
+        keywords = {p.name: None for p in wanted if p.kind is p.KEYWORD_ONLY}
+        inspect.signature(getattr(procs, name)).bind(*positional, **keywords)  # a TypeError where they differ
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A process as the stale check reads it (a stand-in for serve's procs.Proc)."""
+
+    pid: int
+    marker: str | None = None
+    orphan: bool = False
+    supervisor: int | None = None
+
+    def line(self) -> str:
+        return f"pid {self.pid}"
+
+
+@dataclass
+class Stopped:
+    left: tuple[Seen, ...] = ()
+
+
+class NodeStandIn:
+    """A node's processes as the checks read them (a stand-in for serve's procs): port 30000
+    held by pid 77, and pid 4242, a scheduler of a run that ended here, still there."""
+
+    def __init__(self) -> None:
+        self.stopped: set[int] = set()
+
+    def port_in_use(self, host: str, port: int) -> bool:
+        return port == 30000
+
+    def port_holder(self, port: int) -> str:
+        return "pid 77 'python -m http.server'"
+
+    def scan(self, marker: str | None = None, sglang: bool = False) -> list[Seen]:
+        return [Seen(4242, marker="glm5-nvfp4:ended")]
+
+    def ancestors(self, pid: int) -> set[int]:
+        return {1}
+
+    def stop(self, pgid: None, tree: None, timeout: float, *, pids) -> Stopped:
+        self.stopped |= set(pids)
+        return Stopped()
+
+
+def test_the_process_checks_read_a_stand_in_as_they_read_serve():
+    node = NodeStandIn()
+    inputs = registry.CheckInputs(
+        Snapshot(Path("/"), {}, lambda: SM120),
+        load_profile("glm5-nvfp4"),
+        processes=node,
+        runs=lambda: [{"running": False, "marker": "glm5-nvfp4:ended"}],
+    )
+    ports, stale = registry.run(("ports", "stale processes"), inputs)
+    assert ports.status is Status.FAIL and "30000 (server.port) is held by pid 77" in ports.detail
+    assert (stale.status, stale.detail) == (Status.FAIL, "1 found: pid 4242") and node.stopped == set()
+    [stale] = registry.run(("stale processes",), replace(inputs, kill_stale=True))
+    assert (stale.status, stale.detail, node.stopped) == (Status.OK, "stopped 1: pid 4242", {4242})
+
+
+def test_a_process_check_without_the_processes_says_whose_bug_that_is():
+    """Before: "the check itself failed: AttributeError: 'NoneType' object has no attribute
+    'port_in_use'"; now the check says what its command did not give it."""
+    inputs = registry.CheckInputs(Snapshot(Path("/"), {}, lambda: SM120), load_profile("glm5-nvfp4"))
+    for check in registry.run(("ports", "stale processes"), inputs):
+        assert check.status is Status.FAIL, check
+        assert "CheckInputs.processes was not given: the command that runs this check must pass it" in check.detail
+    with pytest.raises(TypeError, match=r"CheckInputs\.runs was not given"):
+        registry.CHECKS["stale processes"](replace(inputs, processes=NodeStandIn()))
 
 
 def test_bad_input_in_a_check_is_an_error_not_a_finding(monkeypatch):

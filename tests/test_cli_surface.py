@@ -173,11 +173,12 @@ def test_wide_puts_every_column_on_one_line(tmp_path, cli):
 
 
 def test_status_says_why_it_exits_1(tmp_path, cli):
-    code, out, _ = cli("status", "--site", site_at(tmp_path, "0.5.10"))
+    site = site_at(tmp_path, "0.5.10")
+    code, out, _ = cli("status", "--site", site, "--wide")
     assert code == 1
     assert out.splitlines()[-2:] == [
         "3 fixed-upstream, 6 would-apply, 3 not-applicable",
-        "would change: run `sm120kit patch` to apply",
+        f"would change: run `sm120kit patch --site {site}` to apply",  # that site, not this interpreter's
     ]
 
 

@@ -2,7 +2,9 @@
 formats, and NVML documents — `h200-recorded.json` recorded on a real H200 by
 scripts/doctor_gpu_proof.py, `rtx-pro-6000-x8.json` written from the RTX PRO 6000
 Blackwell Server Edition's specifications (8 cards, CC 12.0, 97887 MiB, PCIe Gen5 x16, two
-sockets). The seeds' broken states are each one change to the healthy node."""
+sockets). The seeds' broken states are each one change to the healthy node. Every run
+judges the node with a serving environment (`serving`): doctor fails a node that has no
+sglang to serve with, as serve refuses it."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import install
+
+from sm120kit.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures" / "doctor"
 SM120 = json.loads((FIXTURES / "rtx-pro-6000-x8.json").read_text())
@@ -72,10 +77,30 @@ def quiet_env(monkeypatch, tmp_path):
     (tmp_path / "hf" / "hub" / "models--lukealonso--GLM-5-NVFP4" / "snapshots").mkdir(parents=True)
 
 
+SERVING: dict[str, Path] = {}  # "site": the serving environment each run judges (set by `serving`)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def serving(tmp_path_factory, session_cache) -> Path:
+    """sglang 0.5.23 and the flashinfer it pins, their patches applied, as --site: the node's
+    checks are the subject here, the environment only has to be one that serves. Made before
+    each test's own caches are set: the run's shared cache, never the user's."""
+    site = tmp_path_factory.mktemp("serving") / "site-packages"
+    site.mkdir()
+    install(site, "0.5.23")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SM120KIT_CACHE_DIR", str(session_cache))
+        env.setenv("SM120KIT_NO_OUTCOME_SEED", "1")
+        env.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path_factory.mktemp("flashinfer-home")))
+        assert main(["patch", "--site", str(site)]) == 0
+    SERVING["site"] = site
+    return site
+
+
 def run(cli, tmp_path, doc: dict, tree: Path, *extra) -> tuple[int, dict]:
     path = tmp_path / "nvml.json"
     path.write_text(json.dumps(doc))
-    return cli.json("doctor", "--nvml", path, "--root", tree, *extra)
+    return cli.json("doctor", "--nvml", path, "--root", tree, "--site", SERVING["site"], *extra)
 
 
 def checks(doc: dict) -> dict[str, dict]:
@@ -233,7 +258,7 @@ def test_numa_nodes_unknown_here_are_said_so_never_grouped(cli, tmp_path):
     assert t["detail"].startswith("the NUMA node of each GPU is unknown here (no /sys/bus/pci/devices/")
     assert "--root" in t["detail"] and "groups" not in t["detail"] and "socket" not in t["detail"]
     path = tmp_path / "nvml.json"
-    code, text, _ = cli("doctor", "--nvml", path, "--root", tree, "--wide")
+    code, text, _ = cli("doctor", "--nvml", path, "--root", tree, "--site", SERVING["site"], "--wide")
     header = next(line for line in text.splitlines() if line.lstrip().startswith("GPU0"))
     assert header.split()[-1] == "NUMA" and all(
         line.split()[-1] == "?" for line in text.splitlines() if line.startswith("GPU") and "X" in line.split()
@@ -271,9 +296,8 @@ def test_gpu_processes_and_visible_devices(cli, tmp_path, monkeypatch):
 def test_one_screen(cli, tmp_path):
     path = tmp_path / "nvml.json"
     path.write_text(json.dumps(p2p_blocked(SM120)))
-    code, out, err = cli(
-        "doctor", "--nvml", path, "--root", node(tmp_path / "root", hmm="N"), "--profile", "glm5-nvfp4"
-    )
+    tree = node(tmp_path / "root", hmm="N")
+    code, out, err = cli("doctor", "--nvml", path, "--root", tree, "--site", SERVING["site"], "--profile", "glm5-nvfp4")
     assert code == 1 and not err
     lines = out.splitlines()
     assert lines[0] == "sm120kit doctor --profile glm5-nvfp4"
@@ -337,7 +361,9 @@ def test_a_doctor_json_document_replays(cli, tmp_path):
     """`doctor --json` on one node, `--nvml` of that file on another: the same GPU answers."""
     _, first = run(cli, tmp_path, SM120, node(tmp_path / "root"))
     (tmp_path / "sent.json").write_text(json.dumps(first))
-    _code, again = cli.json("doctor", "--nvml", tmp_path / "sent.json", "--root", tmp_path / "root")
+    _code, again = cli.json(
+        "doctor", "--nvml", tmp_path / "sent.json", "--root", tmp_path / "root", "--site", SERVING["site"]
+    )
     assert again["nvml"] == SM120 and checks(again)["gpus"] == checks(first)["gpus"]
 
 

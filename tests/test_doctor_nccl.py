@@ -23,6 +23,7 @@ from sm120kit.errors import UserError
 from sm120kit.node import registry
 from sm120kit.node.check import Status
 from sm120kit.node.checks import nccl
+from sm120kit.node.inputs import NcclRequest
 from sm120kit.node.snapshot import Snapshot
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -41,7 +42,7 @@ def inputs(tmp_path, standin: dict | None = None, *, doc=SM120, env=None, profil
         node_env["SM120KIT_NCCL_STANDIN"] = json.dumps(standin)
     node = Snapshot(tmp_path, node_env, lambda: doc)
     profile = SimpleNamespace(name="test", env=profile_env) if profile_env is not None else None
-    request = nccl.Request(sys.executable, gpus, HANG_BOUND_S, worker)
+    request = NcclRequest(sys.executable, gpus, HANG_BOUND_S, worker)
     return registry.CheckInputs(node, profile, nccl=request)
 
 
@@ -206,7 +207,7 @@ def test_a_target_torch_that_sees_too_few_gpus_is_information(tmp_path):
 
 def test_a_python_that_cannot_be_run_is_information(tmp_path):
     request = inputs(tmp_path, {})
-    request = registry.CheckInputs(request.node, nccl=nccl.Request(str(tmp_path / "no-python"), None, 2.0, STANDIN))
+    request = registry.CheckInputs(request.node, nccl=NcclRequest(str(tmp_path / "no-python"), None, 2.0, STANDIN))
     found = nccl.nccl_all_reduce(request)
     assert found.status is Status.INFO and found.detail.startswith(f"not run: cannot run {tmp_path / 'no-python'}: ")
 
@@ -362,7 +363,7 @@ def test_bad_options_are_refused(args, message):
 
 
 def test_the_options_make_a_request():
-    assert nccl.request(None, None, None, None, "py") == nccl.Request("py", None, nccl.RUN_TIMEOUT_S, nccl.WORKER)
+    assert nccl.request(None, None, None, None, "py") == NcclRequest("py", None, nccl.RUN_TIMEOUT_S, nccl.WORKER)
     assert nccl.request("/venv/bin/python", None, " 0, 4", None, "py").gpus == (0, 4)
     assert nccl.WORKER.name == "nccl_probe.py" and nccl.WORKER.is_file()
 

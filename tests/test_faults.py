@@ -156,7 +156,7 @@ def test_reinstall_of_same_version_is_reported(cli, site10):
     assert code == 1
     assert (
         f"sglang 0.5.10: patch sglang-moe-autotune-flashinfer-cutlass was lost ({GATE} was reinstalled); "
-        "run `sm120kit patch` to re-apply it" in out
+        f"run `sm120kit patch --site {site10}` to re-apply it" in out
     )
 
 

@@ -188,7 +188,7 @@ def test_upgrade_and_downgrade_notices_name_the_file(site, cli):
     assert code == 1 and "in the upgrade" not in out
     assert (
         f"sglang 0.5.14 -> 0.5.10: patch {DSA} was lost from {FORWARD_MHA} in the downgrade; "
-        "run `sm120kit patch` to re-apply it" in out
+        f"run `sm120kit patch --site {site}` to re-apply it" in out
     )
 
 
@@ -196,7 +196,10 @@ def test_a_reinstall_notice_names_the_file(site23, cli):
     assert cli("patch", "--site", site23, "--only", DSA)[0] == 0
     install(site23, "0.5.23", flashinfer=False)
     _, out, _ = cli("status", "--site", site23, "--only", DSA, "--wide")
-    assert f"sglang 0.5.23: patch {DSA} was lost ({FORWARD_MHA} was reinstalled); run `sm120kit patch`" in out
+    assert (
+        f"sglang 0.5.23: patch {DSA} was lost ({FORWARD_MHA} was reinstalled); run `sm120kit patch --site {site23}`"
+        in out
+    )
 
 
 # -- 6: past the proven window, the code decides ---------------------------------------------
@@ -307,7 +310,10 @@ def test_a_state_directory_holding_something_else_stays(site23, cli):
 
 
 def lose_ledger(site) -> None:
+    """The ledger and the backups with it (a ledger alone is rebuilt from the backups:
+    tests/test_truth_patch_cycle.py)."""
     (site / ".sm120kit" / "ledger.json").unlink()
+    lose_backups(site)
 
 
 def lose_backups(site) -> None:
@@ -321,7 +327,7 @@ def lose_backups(site) -> None:
         (lose_ledger, f"{FORWARD_MHA}: patched code without a ledger entry, so `unpatch` cannot restore it"),
         (lose_backups, f"sglang:{FORWARD_MHA}: the backup of its vendor bytes is missing or damaged"),
     ],
-    ids=["ledger deleted", "backups deleted"],
+    ids=["ledger and backups deleted", "backups deleted"],
 )
 def test_status_fails_where_verify_fails(site23, cli, damage, says):
     """HEAD: `status` exited 0 while `patch --verify` and `unpatch` refused."""

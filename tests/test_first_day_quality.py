@@ -18,15 +18,16 @@ requests and writes their texts with --output-details, as sglang's own client do
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import subprocess
 import sys
-import threading
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from conftest import http_served
 from standin import PROFILES, STANDIN, Served, make_env_python
 
 from sm120kit.bench import analysis, search
@@ -52,19 +53,15 @@ def standin_module():
 def serve_inproc(standin_module, monkeypatch):
     """serve_inproc(**args) -> (url, FAULTS): a stand-in HTTP server on a free port."""
     monkeypatch.setattr(standin_module, "FAULTS", {})
-    servers = []
 
-    def start(**extra) -> tuple[str, dict]:
-        args = {"api_key": None, "served_name": "glm-5", "model_path": "standin/GLM-5-NVFP4", "tp": 1, "port": 0}
-        server = ThreadingHTTPServer(("127.0.0.1", 0), standin_module.handler({**args, **extra}))
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}", standin_module.FAULTS
+    with contextlib.ExitStack() as servers:
 
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+        def start(**extra) -> tuple[str, dict]:
+            args = {"api_key": None, "served_name": "glm-5", "model_path": "standin/GLM-5-NVFP4", "tp": 1, "port": 0}
+            server = ThreadingHTTPServer(("127.0.0.1", 0), standin_module.handler({**args, **extra}))
+            return servers.enter_context(http_served(server)), standin_module.FAULTS
+
+        yield start
 
 
 def check(report, name: str):

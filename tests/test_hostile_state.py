@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 
 import psutil
@@ -213,9 +214,10 @@ def test_a_ledger_with_a_bad_timestamp_is_damaged(patched, cli):
 
 
 def test_verify_is_not_green_when_unpatch_could_not_restore(patched, cli):
-    """The ledger moved aside (as a damaged-ledger hint says): the code is still patched,
-    and nothing could give the vendor's bytes back."""
+    """The ledger moved aside (as a damaged-ledger hint says) and the backups gone: the code
+    is still patched, and nothing could give the vendor's bytes back."""
     (patched / ".sm120kit" / "ledger.json").rename(patched / "ledger.json.bad")
+    shutil.rmtree(patched / ".sm120kit" / "backups")
     code, out, err = cli("patch", "--verify", "--site", patched)
     assert code == 2 and "verified" not in out
     assert f"{FORWARD_MHA}: patched code without a ledger entry, so `unpatch` cannot restore it" in err
@@ -284,4 +286,4 @@ def test_unpatch_dry_run_says_an_interrupted_run_comes_first(patched, cli):
         json.dumps({"schema": 1, "files": [], "ledger_after": "0" * 64})
     )
     _code, _out, err = cli("unpatch", "--dry-run", "--site", patched)
-    assert "`sm120kit unpatch` finishes it first" in err
+    assert f"`sm120kit unpatch --site {patched}` finishes it first" in err

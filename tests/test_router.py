@@ -22,6 +22,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import sglang_router  # the test extra's real router: missing, the run fails rather than skip it
 from standin import STANDIN, free_port
 
 from sm120kit.errors import UserError
@@ -38,8 +39,6 @@ from sm120kit.fleet.router import (
 )
 from sm120kit.target import Target
 
-pytest.importorskip("sglang_router", reason="the fleet tests run the real sglang-router (the test extra)")
-
 HOST = "127.0.0.1"
 MODEL = "standin/model"
 KEY = "fleet-secret"
@@ -49,8 +48,6 @@ KEY = "fleet-secret"
 def schema() -> RouterSchema:
     """The options of the release the tests run: the one `-m sglang_router` imports (another
     can be tried with PYTHONPATH=its site-packages)."""
-    import sglang_router
-
     found = read_router_schema(Target("the tests' python", [Path(sglang_router.__file__).resolve().parent.parent]))
     assert found is not None, "sglang-router is a test dependency"
     return found

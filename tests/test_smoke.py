@@ -5,6 +5,7 @@ wrong only under load, logprobs shifted against a recorded baseline; bad input."
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import re
@@ -15,6 +16,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from conftest import http_served
 from standin import PROFILES, STANDIN, Served, free_port, make_env_python
 
 from sm120kit.exit_codes import ExitCode
@@ -322,11 +324,8 @@ def inproc(standin_module, monkeypatch):
     """A stand-in HTTP server in this process, on a free port: (url, its FAULTS)."""
     monkeypatch.setattr(standin_module, "FAULTS", {})
     args = {"api_key": None, "served_name": "glm-5", "model_path": "standin/GLM-5-NVFP4", "tp": 1, "port": 0}
-    server = ThreadingHTTPServer(("127.0.0.1", 0), standin_module.handler(args))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", standin_module.FAULTS
-    server.shutdown()
-    server.server_close()
+    with http_served(ThreadingHTTPServer(("127.0.0.1", 0), standin_module.handler(args))) as url:
+        yield url, standin_module.FAULTS
 
 
 @pytest.mark.parametrize(
@@ -415,14 +414,9 @@ def test_the_requests_are_greedy_with_a_seed_that_an_older_release_is_spared(tmp
             self.end_headers()
             self.wfile.write(data)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Old)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        client = Client(f"http://127.0.0.1:{server.server_address[1]}", seed=5)
+    with http_served(ThreadingHTTPServer(("127.0.0.1", 0), Old)) as url:
+        client = Client(url, seed=5)
         first, second = client.generate("Question: x", 16), client.generate("Question: y", 16)
-    finally:
-        server.shutdown()
-        server.server_close()
     assert first.text == second.text == " 42" and first.finish == "stop" and client.seed is None
     assert bodies[0]["sampling_params"] == {"max_new_tokens": 16, "temperature": 0.0, "sampling_seed": 5}
     assert [b["sampling_params"].get("sampling_seed") for b in bodies] == [5, None, None]
@@ -545,16 +539,15 @@ class Hangs:
                     release.wait(30)
                 self.reply({"text": " 1", "meta_info": {"completion_tokens": 2, "finish_reason": {"type": "stop"}}})
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.server.handle_error = lambda *a: None  # a reply to a client that gave up: no noise
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.daemon_threads = True
+        server.handle_error = lambda *a: None  # a reply to a client that gave up: no noise
+        self.serving = contextlib.ExitStack()
+        self.url = self.serving.enter_context(http_served(server))
 
     def close(self) -> None:
         self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
+        self.serving.close()
 
 
 @pytest.mark.parametrize("answers", [0, 5])
@@ -591,17 +584,11 @@ def test_a_key_the_server_wants_but_was_not_given_is_named(tmp_path):
             self.send_header("Content-Length", "0")
             self.end_headers()
 
-    server = Wants(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with http_served(Wants(("127.0.0.1", 0), Handler)) as url:
         with pytest.raises(UserError) as none:
             Client(url).reach()
         with pytest.raises(UserError) as wrong:
             Client(url, api_key="k-0123456789").reach()
-    finally:
-        server.shutdown()
-        server.server_close()
     assert "asks for an API key (401) and none was given" in none.value.message
     assert "refuses the API key (401)" in wrong.value.message and "k-0123456789" not in str(wrong.value.__dict__)
 

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import triton  # noqa: F401 -- the test extra's: a missing Triton fails the run rather than skip it
 from conftest import tree_snapshot
 
 from sm120kit import wheels
@@ -25,8 +26,6 @@ from sm120kit.target import resolve_target
 from sm120kit.tune import space, timing
 from sm120kit.tune.command import TuneOptions, tune_moe
 from sm120kit.tune.lookup import CONFIG_DIR_ENV
-
-pytest.importorskip("triton")
 
 SERVER = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 VERSION = "0.5.23"

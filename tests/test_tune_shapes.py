@@ -22,12 +22,12 @@ from packaging.version import Version
 
 from sm120kit import wheels
 from sm120kit.errors import UserError
+from sm120kit.model_config import find_model_config
 from sm120kit.profiles.loader import list_profiles, load_profile
 from sm120kit.tune.model_config import (
     W4A16_UNFUSED_SINCE,
     WNA16_TRITON_SINCE,
     NotTritonMoe,
-    find_model_config,
     moe_shape,
 )
 

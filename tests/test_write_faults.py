@@ -54,8 +54,8 @@ def test_a_persistent_io_error_while_rolling_back(site, cli, monkeypatch):
     assert code == 2, out + err
     assert f"writing {second} failed ([Errno 5] Input/output error)" in err
     assert (
-        f"{first}: maybe written ([Errno 5] Input/output error): the next `sm120kit patch` or `unpatch` rolls it back"
-        in err
+        f"{first}: maybe written ([Errno 5] Input/output error): the next `sm120kit patch --site {site}` or `unpatch` "
+        "rolls it back" in err
     )
     assert f"{second}: unchanged" in err and "an interrupted run is recorded in the state directory" in err
     assert "Traceback" not in out + err

@@ -6,14 +6,16 @@ A test is `integration` when it needs one of these (each is also a marker of its
 - wheels:    real sglang / flashinfer wheels (sm120kit.wheels.fetch, install, flashinfer_pin,
              latest, or the conftest helpers built on them: install, wheel_bytes, flashinfer_pin);
 - processes: a child process (the subprocess or multiprocessing modules, psutil.Popen,
-             os.fork: the CLI as a process, the stand-in server, the supervisor);
+             os.fork, os.system, os.exec*, os.spawn*, os.posix_spawn*: the CLI as a
+             process, the stand-in server, the supervisor);
 - router:    the real sglang-router (the sglang_router package);
 - triton:    Triton (a compile through sm120kit.tune.aot, or the triton package).
 
 "The code each test runs" is the test function, the fixtures it requests (pytest's closure
 of them) and, followed by the names they use, every function and class defined under
 tests/ (conftest's helpers, standin.py, another test module's helpers), plus a module's
-top-level `pytest.importorskip(...)` and any `slow` marker (it builds a wheel or a venv).
+top-level `import triton` or `import sglang_router` and any `slow` marker (it builds a
+wheel or a venv).
 Code in sm120kit itself is not followed (the CLI reaches everything): what it hides from
 the test's own code is named below, with the reason: the sm120kit functions a test calls
 that start processes or read wheels (CALL_USES), and the in-process CLI's commands and
@@ -29,6 +31,7 @@ import ast
 import functools
 import importlib
 import inspect
+import os
 import sys
 import textwrap
 import types
@@ -38,6 +41,21 @@ TESTS = Path(__file__).resolve().parent
 
 # A module whose use (any of its names) is a need.
 MODULE_USES = {"subprocess": "processes", "multiprocessing": "processes", "sglang_router": "router", "triton": "triton"}
+# A module whose import at a test module's top level is a need of every test there: that
+# file exists to compile with Triton or to run the router (subprocess is imported everywhere).
+MODULE_IMPORT_USES = {"sglang_router": "router", "triton": "triton"}
+# os's calls that start a process or replace this one. Matched as os's attribute of that
+# name: most are posix's builtins (os.fork.__module__ is "posix"), which a qualified name
+# would miss, and the guard's wrapper of one is one too. conftest's guard watches this list.
+OS_PROCESS_CALLS = tuple(
+    name
+    for name in (
+        *("system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp"),
+        *("execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe"),
+        *("spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe"),
+    )
+    if hasattr(os, name)
+)
 # A function whose use is a need, by its qualified name.
 CALL_USES = {
     "sm120kit.wheels.fetch": "wheels",
@@ -48,9 +66,6 @@ CALL_USES = {
     "sm120kit.tune.aot.compile_for": "triton",
     "sm120kit.tune.aot.shared_bytes": "triton",
     "psutil.Popen": "processes",
-    "os.fork": "processes",
-    "os.posix_spawn": "processes",
-    "os.system": "processes",
     # sm120kit's own, called directly by tests: each starts processes or reads wheels inside.
     "sm120kit.node.checks.nccl.nccl_all_reduce": "processes",
     "sm120kit.tune.timing.time_candidates": "processes",
@@ -71,7 +86,7 @@ COMMAND_USES = {  # render systemd / docker ask the serving python what it has
 OPTION_USES = {"--python": ("processes",), "--nccl-gpus": ("processes",)}  # a target interpreter; the NCCL probe
 KEYWORD_USES = {"python": ("processes",)}  # resolve_target(python=...): the interpreter is run
 # conftest's guard names what it watches for; watching is not using.
-NOT_READ = {"fast_tier_guard"}
+NOT_READ = {"fast_tier_guard", "watch_fast_tier"}
 
 
 def needs(item) -> set[str]:
@@ -113,7 +128,14 @@ def _qualname(obj) -> str | None:
     return f"{module}.{name}" if module and name else None
 
 
+def _is_os_process_call(obj) -> bool:
+    name = obj.__name__
+    return name in OS_PROCESS_CALLS and getattr(os, name, None) is obj
+
+
 def _need_of(obj) -> str | None:
+    if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType)) and _is_os_process_call(obj):
+        return "processes"
     if isinstance(obj, types.ModuleType):
         return MODULE_USES.get(obj.__name__.split(".")[0])
     if (need := CALL_USES.get(_qualname(obj) or "")) is not None:
@@ -126,24 +148,18 @@ def _need_of(obj) -> str | None:
 
 @functools.cache
 def _module_uses(path: str | None) -> frozenset[str]:
-    """A test module's top-level `pytest.importorskip("triton")` and the like."""
+    """A test module's top-level `import triton`, `from sglang_router... import ...` and the like."""
     if path is None:
         return frozenset()
     found = set()
     for statement in ast.parse(Path(path).read_text()).body:
-        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        if isinstance(statement, ast.Import):
+            names = [alias.name for alias in statement.names]
+        elif isinstance(statement, ast.ImportFrom) and statement.module and not statement.level:
+            names = [statement.module]
+        else:
             continue
-        for node in ast.walk(statement):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "importorskip"
-                and node.args
-                and isinstance(node.args[0], ast.Constant)
-                and isinstance(node.args[0].value, str)
-                and (need := MODULE_USES.get(node.args[0].value.split(".")[0]))
-            ):
-                found.add(need)
+        found.update(need for name in names if (need := MODULE_IMPORT_USES.get(name.split(".")[0])))
     return frozenset(found)
 
 
@@ -170,7 +186,7 @@ def _uses(obj) -> frozenset[str]:
         for used in _resolve(node, scope):
             if (need := _need_of(used)) is not None:
                 found.add(need)
-            elif used is not obj and _followable(used):
+            elif used is not obj and _followable(used) and getattr(used, "__name__", None) not in NOT_READ:
                 found |= _uses(used)
     _seen[obj] = frozenset(found)
     return _seen[obj]

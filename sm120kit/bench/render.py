@@ -14,8 +14,8 @@ from sm120kit.bench import analysis
 from sm120kit.bench.command import Comparison, Progress, SweepResult
 
 if TYPE_CHECKING:
-    from sm120kit.bench.search import SearchResult
     from sm120kit.bench.search_estimate import Estimate
+    from sm120kit.bench.search_result import SearchResult
     from sm120kit.bench.search_state import VariantResult
     from sm120kit.bench.variants import Plan, Planned
     from sm120kit.quality.command import SmokeReport
@@ -116,7 +116,7 @@ def plan_text(plan: Plan, estimate: Estimate | None, width: int | None) -> str:
         report.wrap(f"search of {plan.profile}: {len(plan.variants)} variants from {plan.source}", width),
         report.table(headers, rows, width, narrow=(2,) if named else (0,)),
     ]
-    lines += [report.wrap(f"skipped: {p.name}: {p.why}", width) for p in plan.skipped]
+    lines += [report.wrap(f"{p.status}: {p.name}: {p.why}", width) for p in plan.skipped]  # or refused
     lines += [report.wrap(f"note: {n}", width) for n in plan.notes]
     if estimate is not None:
         lines.append(report.wrap(f"estimated time: {estimate.lines[0]}", width))

@@ -38,7 +38,7 @@ import dataclasses
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TextIO
 
@@ -53,6 +53,8 @@ from sm120kit.bench.search_events import (
     stop_from_events,
     stopped_early_why,
 )
+from sm120kit.bench.search_report import write_report
+from sm120kit.bench.search_result import SearchResult
 from sm120kit.bench.search_state import (
     REFUSED_WHY,
     SEARCH_FILE,
@@ -69,13 +71,12 @@ from sm120kit.bench.search_state import (
 )
 from sm120kit.bench.variants import Plan, Planned
 from sm120kit.errors import UserError
-from sm120kit.exit_codes import ExitCode
 from sm120kit.serve.status import EventKind
 
 if TYPE_CHECKING:
     from sm120kit.bench import command
     from sm120kit.quality.command import SmokeReport
-    from sm120kit.serve.command import ServeOptions
+    from sm120kit.serve.options import ServeOptions
     from sm120kit.target import Target
 
 
@@ -84,62 +85,6 @@ class SearchOptions:
     bench: BenchOptions  # levels, lengths, repeat, smoke, out, python, patch_dirs
     serve: ServeOptions  # how each variant's server is started
     debug: bool = False
-
-
-@dataclass(frozen=True)
-class Pick:
-    """The verdict at one concurrency (None: overall, each variant at its best level)."""
-
-    concurrency: int | None
-    best: str | None  # None: no variant beats the next by more than the spread
-    leader: str  # the highest median
-    line: str
-
-
-@dataclass
-class SearchResult:
-    directory: Path
-    plan: Plan
-    settings: dict
-    results: list[VariantResult]
-    picks: list[Pick] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)  # the verdicts, as summary.md says them
-    adopt: dict | None = None  # {"variant", "set", "command", "snippet"}
-    interrupted: bool = False
-    stopped_early: str = ""  # why the search ended before its last variant
-    plot_note: str | None = None
-    dry_run: Estimate | None = None
-    read_back: bool = False  # `bench compare RUN_DIR`: printed, whatever the search found (exit 0)
-
-    @property
-    def exit_code(self) -> ExitCode:
-        if self.dry_run is not None or self.read_back:
-            return ExitCode.OK
-        if self.interrupted:
-            return ExitCode.INTERRUPTED
-        if any(r.unclean for r in self.results):
-            return ExitCode.UNCLEAN
-        bad = {Outcome.EXCLUDED, Outcome.CRASHED, Outcome.REFUSED, Outcome.FAILED}
-        failed_levels = any(lv.failed or not lv.figures or lv.error for r in self.results for lv in r.levels)
-        return ExitCode.FINDINGS if failed_levels or any(r.status in bad for r in self.results) else ExitCode.OK
-
-    def as_json(self) -> dict:
-        doc = {
-            "directory": str(self.directory),
-            "settings": self.settings,
-            "plan": self.plan.as_json(),
-            "variants": [r.as_json() | {"resumed": r.resumed} for r in self.results],
-            "picks": [dataclasses.asdict(p) for p in self.picks],
-            "verdict": self.lines,
-            "adopt": self.adopt,
-            "interrupted": self.interrupted,
-            "stopped_early": self.stopped_early or None,
-            "plot": self.plot_note,
-            "exit_code": int(self.exit_code),
-        }
-        if self.dry_run is not None:
-            doc["estimate"] = {"seconds": round(self.dry_run.seconds), "lines": self.dry_run.lines}
-        return doc
 
 
 class Progress(Protocol):
@@ -218,8 +163,6 @@ def search(
             interrupted = True
     ordered = [results[p.name] for p in plan.variants if p.name in results]
     report = SearchResult(directory, plan, settings, ordered, interrupted=interrupted, stopped_early=stopped_early)
-    from sm120kit.bench.search_report import write_report
-
     write_report(report)
     write_json(directory / SEARCH_FILE, search_doc(settings, plan, results))
     return report

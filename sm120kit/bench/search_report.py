@@ -10,7 +10,7 @@ import shlex
 from pathlib import Path
 
 from sm120kit.bench.analysis import Level
-from sm120kit.bench.search import Pick, SearchResult
+from sm120kit.bench.search_result import Pick, SearchResult
 from sm120kit.bench.search_state import SEARCH_FILE, VARIANT_FILE, Outcome, VariantResult, read_json
 from sm120kit.bench.variants import BASELINE, Plan, Planned, profile_snippet
 from sm120kit.errors import UserError

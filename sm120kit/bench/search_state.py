@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from sm120kit.atomic_write import write_atomic
 from sm120kit.bench import analysis
 from sm120kit.bench.analysis import Level
-from sm120kit.bench.variants import Plan, Planned
+from sm120kit.bench.variants import Plan, Planned, VariantStatus
 from sm120kit.errors import UserError
 from sm120kit.exit_codes import ExitCode
 
@@ -81,8 +81,12 @@ class VariantResult:
 
     @classmethod
     def skipped(cls, planned: Planned) -> VariantResult:
-        """A variant the plan skipped: nothing started, why says."""
-        return cls(planned.name, list(planned.variant.sets), Outcome.SKIPPED, planned.why)
+        """A variant the plan skipped, or found that serve's preflight would refuse: nothing
+        started, why says."""
+        refused = planned.status is VariantStatus.REFUSED
+        return cls(
+            planned.name, list(planned.variant.sets), Outcome.REFUSED if refused else Outcome.SKIPPED, planned.why
+        )
 
     @classmethod
     def from_json(cls, doc: dict) -> VariantResult:

@@ -21,7 +21,10 @@ The profile as written is always the first variant, "as-written" (the baseline).
 loads the profile with each variant's sets and renders it for the installed sglang: a value
 of the wrong type is bad input (a UserError, nothing starts); a variant whose `requires`
 excludes an installed version, that the installed release cannot take (the renderer's own
-message), or that resolves to the same profile as an earlier one is skipped, with why.
+message), or that resolves to the same profile as an earlier one is skipped, with why; one
+that serve's preflight would refuse on the checks of the profile and the serving
+environment (its patches not in place, a package the server imports missing, two of its
+ports the same: sm120kit.serve.preflight) is refused, with why, and never started.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -44,6 +47,7 @@ from sm120kit.errors import UserError
 if TYPE_CHECKING:
     from sm120kit.profiles.model import Profile
     from sm120kit.profiles.render import Launch
+    from sm120kit.serve.options import ServeOptions
     from sm120kit.target import Target
 
 BASELINE = "as-written"
@@ -78,6 +82,7 @@ class Variant:
 class VariantStatus(str, Enum):
     RUNNABLE = "runnable"
     SKIPPED = "skipped"  # nothing started: why says
+    REFUSED = "refused"  # serve's preflight would refuse it: nothing started, why says
 
     def __str__(self) -> str:
         return self.value
@@ -130,7 +135,12 @@ class Plan:
 
     @property
     def skipped(self) -> list[Planned]:
+        """Those not run: skipped, or refused."""
         return [p for p in self.variants if not p.runnable]
+
+    @property
+    def refused(self) -> list[Planned]:
+        return [p for p in self.variants if p.status is VariantStatus.REFUSED]
 
     def as_json(self) -> dict:
         return {
@@ -407,12 +417,14 @@ def plan(
     patch_dirs: Sequence[str] = (),
     allowed_failures: Sequence[str] = (),
     capability: str | None = None,
+    serve_options: ServeOptions | None = None,
 ) -> Plan:
     """Load and render every variant (as-written first) for the installed sglang; skip
     those that cannot run, with why: a variant that runs into a known SM120 failure of the
     release, or dispatches a kernel with no SM12x build, is skipped before its load. Bad
     input (a key, a value of the wrong type), and an as-written profile that runs into one,
-    raise."""
+    raise. With serve_options (those the search serves each variant with), each variant
+    that serve's preflight would refuse, off this node, is marked refused."""
     from packaging.specifiers import SpecifierSet
     from packaging.version import InvalidVersion, Version
 
@@ -451,16 +463,11 @@ def plan(
     if error := judged.refusal(f"profile {baseline.name} as written", launch.sglang):
         raise error
     launch.warnings.extend(judged.warnings())
-    planned = [
-        Planned(
-            Variant(BASELINE, description="the profile as written"),
-            VariantStatus.RUNNABLE,
-            "",
-            baseline,
-            launch,
-            launch.warnings,
-        )
-    ]
+    would_refuse = _preflight(target, serve_options)
+    as_written = Variant(BASELINE, description="the profile as written")
+    preflight_says = would_refuse(baseline, launch)
+    status = VariantStatus.REFUSED if preflight_says else VariantStatus.RUNNABLE
+    planned = [Planned(as_written, status, preflight_says, baseline, launch, launch.warnings)]
     seen = {_fingerprint(baseline): BASELINE}
     for variant, profile in loaded:
         skip = []
@@ -499,8 +506,34 @@ def plan(
             continue
         launch.warnings.extend(judged.warnings())
         seen[_fingerprint(profile)] = variant.name
+        if preflight_says := would_refuse(profile, launch):
+            planned.append(Planned(variant, VariantStatus.REFUSED, _with_why(preflight_says, variant), profile, launch))
+            continue
         planned.append(Planned(variant, VariantStatus.RUNNABLE, "", profile, launch, launch.warnings))
     return Plan(profile_name, source, planned, notes)
+
+
+def _preflight(target: Target, options: ServeOptions | None) -> Callable[[Profile, Launch], str]:
+    """(profile, launch) -> why serve's preflight would refuse to start it, off this node
+    ("" where it would not, or where no options say how it is served). Variants that differ
+    in nothing those checks read are judged once (each imports check runs the interpreter)."""
+    from sm120kit.node.checks.serving import port_plan
+    from sm120kit.serve import preflight
+
+    said: dict[str, str] = {}
+
+    def why(profile: Profile, launch: Launch) -> str:
+        if options is None:
+            return ""
+        read = [launch.entry_points, sorted(launch.env.items()), profile.env, profile.patches, port_plan(profile)]
+        key = json.dumps(read, sort_keys=True, default=str)
+        if key not in said:
+            failed = preflight.run(profile, launch, target, options, on_this_node=False).failed
+            found = "; ".join(f"{c.id}: {c.detail}" + (f" (next: {c.fix})" if c.fix else "") for c in failed)
+            said[key] = f"serve would refuse to start it: {found}" if failed else ""
+        return said[key]
+
+    return why
 
 
 def _bad_variant(exc: UserError, variant: Variant, source: str, profile_name, profile_dirs, base_sets) -> UserError:

@@ -7,7 +7,9 @@ SM12x node (the profile's node.compute_capability), on a release the entry names
 it is then one of: refused (an error, exit 2, naming the release, the symptom, the
 upstream link and what avoids it), covered (the entry's patch is in place or upstream
 fixed it), allowed (--allow-known-failure ID), or undecided (a condition could not be
-read, e.g. no config.json on this machine: a warning).
+read, e.g. no config.json on this machine: a warning). A rule that can never hold on the
+installed release, as it needs a flag that release does not have (a user's rule written
+for another release, a misspelt flag), is inert: a warning, never silence.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Verdict(str, enum.Enum):
     COVERED = "covered"
     ALLOWED = "allowed"
     UNDECIDED = "undecided"
+    INERT = "inert"  # it needs a flag the installed sglang does not have: it can never fire
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class Judged:
     failure: Failure
     verdict: Verdict
     version: str  # the installed release of failure.package
-    detail: str = ""  # the covering patch, or what could not be read
+    detail: str = ""  # the covering patch, what could not be read, or the flags the release lacks
 
     @property
     def release(self) -> str:
@@ -61,21 +64,23 @@ class Judged:
             return f"{head}: covered ({self.detail})"
         if self.verdict is Verdict.ALLOWED:
             return f"{head}: allowed by {ALLOW_OPTION} {f.id}"
+        if self.verdict is Verdict.INERT:
+            return f"{head}: its rule can never fire here: {self.detail}; fix its `when` for this release"
         if self.verdict is Verdict.UNDECIDED:
-            return f"{head}: may apply ({self.detail}); upstream {f.upstream[0]}"
-        symptom = f"; it fails with: {f.symptom}" if f.symptom else ""
-        return f"{head}{symptom}; upstream {', '.join(f.upstream)} ({f.status})"
+            return f"{head}: may apply ({self.detail}){f.tracked(first=True)}"
+        symptom = f"; it fails with: {f.shown_symptom}" if f.symptom else ""  # the line, not the pattern
+        return f"{head}{symptom}{f.tracked()} ({f.status})"
 
     def fix(self) -> str:
         f = self.failure
         ways = []
         if f.patch:
             ways.append(f"`sm120kit patch --verify` ({f.patch} covers it)")
-        if f.rule:
+        if f.rule and f.rule.avoid:  # (a user's rule may name no way round it)
             ways.append("profile: --set " + " --set ".join(f.rule.avoid))
         if f.avoid:
             ways.append(f"sglang flags: {f.avoid}")
-        ways.append(f"{ALLOW_OPTION} {f.id} to start anyway")
+        ways.append(f"{ALLOW_OPTION} {f.id} to allow it anyway")
         return "; or ".join(ways)
 
     def as_json(self) -> dict:
@@ -103,6 +108,7 @@ class Facts:
     capability: str = "12.0"
     patch_outcome: Callable[[str], str | None] = lambda patch_id: None  # a patch's outcome on the target
     nvcc: str | None = None  # the release of the nvcc flashinfer compiles with ("12.8"), where there is one
+    flags: frozenset[str] | None = None  # every spelling the installed sglang takes (None: not known)
 
     def flag(self, spellings: Sequence[str]) -> tuple[bool, str | None]:
         """(given, value) of the first of the spellings that the argv gives, in the order
@@ -167,6 +173,11 @@ def judge(survey: Survey, facts: Facts, allowed: frozenset[str] = frozenset()) -
         version = facts.versions.get(failure.package)
         if failure.rule is None or version is None or not failure.covers(version):
             continue
+        if lacking := _lacking(failure.rule.when, facts):
+            sglang = facts.versions.get("sglang", "")
+            detail = f"it needs {' and '.join(lacking)}, which sglang {sglang} does not have"
+            found.append(Judged(failure, Verdict.INERT, version, detail))
+            continue
         held = [_holds(c, facts) for c in failure.rule.when]
         if False in held:
             continue
@@ -193,12 +204,27 @@ def refusal(judged: list[Judged], what: str) -> UserError | None:
     for j in refused:
         lines += [f"  {j.message()}", f"    avoid: {j.fix()}"]
     ids = " ".join(f"{ALLOW_OPTION} {j.failure.id}" for j in refused)
-    return UserError("\n".join(lines), f"apply one fix per failure above, or start anyway with {ids}")
+    return UserError("\n".join(lines), f"apply one fix per failure above, or allow them anyway with {ids}")
 
 
 def warnings(judged: list[Judged]) -> list[str]:
-    """What the operator should still read: allowed and undecided rules."""
-    return [j.message() for j in judged if j.verdict in (Verdict.ALLOWED, Verdict.UNDECIDED)]
+    """What the operator should still read: allowed, undecided and inert rules."""
+    return [j.message() for j in judged if j.verdict in (Verdict.ALLOWED, Verdict.UNDECIDED, Verdict.INERT)]
+
+
+def _lacking(conditions: Sequence[Condition], facts: Facts) -> list[str]:
+    """The flags of conditions that can only hold where the flag is given (present = true,
+    or a value with no default) and that the installed sglang has under no spelling: while
+    one is there, the rule can never fire."""
+    if facts.flags is None:
+        return []
+    lacking = []
+    for c in conditions:
+        needs_it = c.present is True or (c.present is None and c.default is None)
+        spellings = [s for alternative in c.flag_alternatives() for s in alternative]
+        if c.flag is not None and needs_it and not any(s in facts.flags for s in spellings):
+            lacking.append(" / ".join(spellings))
+    return lacking
 
 
 def check_launch(
@@ -224,8 +250,18 @@ def check_launch(
     versions = {p: d.version for p in ("sglang", "flashinfer-python") if (d := target.find(p))}
     config, problem = model or model_config(profile.model.path)
     outcome = cache(lambda patch_id: patch_outcome(target, patch_id, patch_dirs))
-    facts = Facts(launch.argv, {**launch.env}, versions, config, problem, capability, outcome, _nvcc(launch.env))
+    nvcc = _nvcc(launch.env)
+    facts = Facts(launch.argv, {**launch.env}, versions, config, problem, capability, outcome, nvcc, _flags(target))
     return judge(survey, facts, allow)
+
+
+def _flags(target: Target) -> frozenset[str] | None:
+    """Every spelling of every flag of the installed sglang (its schema, read from its source
+    as the launch was rendered); None without one."""
+    from sm120kit.profiles.flags import read_schema
+
+    dist = target.find("sglang")
+    return frozenset(s for f in read_schema(dist).flags for s in (f.name, *f.aliases)) if dist else None
 
 
 def _nvcc(env: Mapping[str, str]) -> str | None:
@@ -241,7 +277,7 @@ def _nvcc(env: Mapping[str, str]) -> str | None:
 def model_config(path: str | None) -> tuple[dict | None, str]:
     """config.json of the profile's model from disk or the Hugging Face cache (never the
     network), with its hf_quant_config.json under "hf_quant_config"; or None and why not."""
-    from sm120kit.tune.model_config import find_model_config, read_model_config
+    from sm120kit.model_config import find_model_config, read_model_config
 
     if not path:
         return None, "the profile names no model"

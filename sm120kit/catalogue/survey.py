@@ -20,9 +20,10 @@ from typing import Annotated, Literal, TypeVar, get_args
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from sm120kit.errors import UserError, problems
+from sm120kit import search_paths
+from sm120kit.errors import UserError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -37,6 +38,23 @@ STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 Id = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9.-]*$", max_length=80)]
 Line = Annotated[str, Field(min_length=1, max_length=2000)]
 UPSTREAM = re.compile(r"^https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+$")
+Answer = Literal["patch", "rule", "compiled", "environment"]
+# The validation context of a user's survey (a --patch-dir's known-failures.toml). The
+# shipped file's entries carry what its tests and its published page need (a GitHub link,
+# the evidence, the release read, a profile and an `avoid` for each rule, which the tests
+# run); a user's needs what sm120kit acts on: an id, a range, and a symptom (diagnose) or a
+# rule (refusal).
+USER = {"user": True}
+
+
+def _is_users(info: ValidationInfo) -> bool:
+    return bool(info.context and info.context.get("user"))
+
+
+def _required_in_the_shipped_survey(value, info: ValidationInfo):
+    if not _is_users(info) and (value is None or value == []):
+        raise ValueError("required in the shipped survey (a user's own survey may leave it out)")
+    return value
 
 
 def _version(value: str) -> str:
@@ -153,29 +171,47 @@ class Rule(BaseModel):
     model_config = STRICT
 
     when: list[Condition] = Field(min_length=1)
-    profile: Line
+    profile: Line | None = Field(None, validate_default=True)  # (a user's rule may leave out the test data)
     trigger: list[Line] = []
     trigger_config: dict = {}  # config.json of the model in the test (model conditions)
-    avoid: list[Line] = Field(min_length=1)
+    avoid: list[Line] = Field([], validate_default=True)
+
+    _test_data = field_validator("profile", "avoid")(_required_in_the_shipped_survey)
 
 
 class Failure(BaseModel):
     model_config = STRICT
 
     id: Id
-    title: Line
-    package: Package
+    title: Line  # (a user's entry: its id, unless it says)
+    package: Package  # (a user's entry: sglang, unless it says)
     affected: Line  # PEP 440 over the releases whose real code has the bug
-    checked: Line  # the newest release whose code was read for this entry
+    checked: Line | None = Field(None, validate_default=True)  # the newest release whose code was read
     fixed_in: Line | None = None  # the first release with the fix; None: open
-    upstream: list[Line] = Field(min_length=1)
+    upstream: list[Line] = Field([], validate_default=True)  # the shipped survey's: GitHub; a user's: any
     symptom: Line | None = None  # a regular expression over one log line (diagnose); None: silent
-    evidence: Line  # where the real code shows it (file, function)
-    answer: Literal["patch", "rule", "compiled", "environment"]
+    example: Line | None = None  # a line a log would hold, which symptom matches: what operators are shown
+    evidence: Line | None = Field(None, validate_default=True)  # where the real code shows it (file, function)
+    answer: Answer | None = Field(None, validate_default=True)  # (a user's entry: patch or rule, as it has one)
     patch: Id | None = None
     avoid: Line | None = None  # the flags that avoid it, as an operator types them
-    advice: Line
+    advice: Line | None = Field(None, validate_default=True)
     rule: Rule | None = None
+
+    _shipped_data = field_validator("checked", "upstream", "evidence", "answer", "advice")(
+        _required_in_the_shipped_survey
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _users_defaults(cls, data, info: ValidationInfo):
+        """A user's entry left without a title, a package or an answer gets what it implies."""
+        if not (_is_users(info) and isinstance(data, dict)):
+            return data
+        implied = {"title": data.get("id") if isinstance(data.get("id"), str) else "untitled", "package": "sglang"}
+        if "patch" in data or "rule" in data:
+            implied["answer"] = "patch" if "patch" in data else "rule"
+        return {**implied, **data}
 
     @field_validator("checked", "fixed_in")
     @classmethod
@@ -195,8 +231,8 @@ class Failure(BaseModel):
 
     @field_validator("upstream")
     @classmethod
-    def _links(cls, links: list[str]) -> list[str]:
-        for link in links:
+    def _links(cls, links: list[str], info: ValidationInfo) -> list[str]:
+        for link in links if not _is_users(info) else ():  # (a user's may be an internal tracker's)
             if not UPSTREAM.match(link):
                 raise ValueError(f"{link!r} is not a GitHub issue or pull request URL")
         return links
@@ -213,16 +249,34 @@ class Failure(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _answer_fits(self) -> Failure:
+    def _answer_fits(self, info: ValidationInfo) -> Failure:
         if (self.answer == "patch") != (self.patch is not None):
             raise ValueError('`patch` names the patch exactly when answer = "patch"')
-        if self.answer != "patch" and not self.avoid:
+        if _is_users(info) and self.symptom is None and self.rule is None:
+            raise ValueError("needs a `symptom` (for diagnose) or a [failure.rule] (to refuse a launch)")
+        if self.answer not in (None, "patch") and not self.avoid and not _is_users(info):
             raise ValueError(f'answer = "{self.answer}" needs `avoid`: the flags that avoid the failure')
         if self.answer == "rule" and self.rule is None:
             raise ValueError('answer = "rule" needs a [failure.rule]: else nothing refuses the configuration')
         if self.fixed_in and self.covers(self.fixed_in):
             raise ValueError(f"fixed_in {self.fixed_in} is inside affected {self.affected!r}")
         return self
+
+    @model_validator(mode="after")
+    def _example_shows_the_symptom(self) -> Failure:
+        if self.example is not None and self.symptom is None:
+            raise ValueError("`example` is a line the symptom matches: give `symptom` too")
+        if self.example is not None and not re.search(self.symptom or "", self.example):
+            raise ValueError(f"symptom {self.symptom!r} does not match its example {self.example!r}")
+        return self
+
+    @property
+    def shown_symptom(self) -> str | None:
+        """The symptom as an operator reads it: the example line, else (an entry without one)
+        the pattern, said to be one."""
+        if self.symptom is None:
+            return None
+        return self.example or f"a line matching the pattern {self.symptom!r}"
 
     @cached_property
     def specifier(self) -> SpecifierSet:
@@ -236,8 +290,15 @@ class Failure(BaseModel):
         return self.specifier.contains(Version(version), prereleases=True)
 
     def unverified_on(self, version: str) -> bool:
-        """Newer than any release whose code was read for this entry."""
-        return Version(version) > Version(self.checked)
+        """Newer than any release whose code was read for this entry (one that names none
+        is the user's own word: not said to be unverified)."""
+        return self.checked is not None and Version(version) > Version(self.checked)
+
+    def tracked(self, first: bool = False) -> str:
+        """The links as a message ends with them, `; upstream LINK, ...` (the first alone
+        with `first`), or "" for a user's entry that names none."""
+        links = self.upstream[:1] if first else self.upstream
+        return f"; upstream {', '.join(links)}" if links else ""
 
     @property
     def status(self) -> str:
@@ -289,11 +350,15 @@ def _where(path: Path, doc: dict, loc: tuple) -> str:
 
 
 HINT = "fix the entry (the file's header says what each key holds)"
+SHOWN = 2  # the defects listed after the first
 
 
-def read_document(path: Path, model: type[M], what: str, where: Callable[[dict, tuple], str]) -> M:
-    """A TOML data file of the catalogue, validated by `model`: any defect is a UserError
-    naming the file and, by where(doc, pydantic location), the key."""
+def read_document(
+    path: Path, model: type[M], what: str, where: Callable[[dict, tuple], str], context: dict | None = None
+) -> M:
+    """A TOML data file of the catalogue, validated by `model` (with `context`, pydantic's
+    validation context): any defect is a UserError naming the file and, by where(doc,
+    pydantic location), the key; the first few defects, each once."""
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
@@ -301,18 +366,20 @@ def read_document(path: Path, model: type[M], what: str, where: Callable[[dict, 
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path}: not valid TOML: {exc}", HINT) from None
     try:
-        return model.model_validate(doc)
+        return model.model_validate(doc, context=context)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        more = f" (and {exc.error_count() - 1} more: {problems(exc)})" if exc.error_count() > 1 else ""
-        message = first["msg"].removeprefix("Value error, ")
-        raise UserError(f"{path}: {where(doc, first['loc'])}: {message}{more}", HINT) from None
+        said = [f"{where(doc, e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()]
+        first, rest = said[0], said[1:]
+        shown = "; ".join(rest[:SHOWN]) + (f"; and {len(rest) - SHOWN} more" if len(rest) > SHOWN else "")
+        more = f" (and {len(rest)} more: {shown})" if rest else ""
+        raise UserError(f"{path}: {first}{more}", HINT) from None
 
 
-def read_file(path: Path) -> list[Failure]:
-    """One survey file, validated; any defect is a UserError naming the file and the key."""
-
-    parsed = read_document(path, _Document, "known-failures survey", lambda doc, loc: _where(path, doc, loc))
+def read_file(path: Path, users: bool = False) -> list[Failure]:
+    """One survey file, validated (`users`: a user's own, held to what sm120kit acts on, not
+    to the shipped file's test data); any defect is a UserError naming the file and the key."""
+    context = USER if users else None
+    parsed = read_document(path, _Document, "known-failures survey", lambda doc, loc: _where(path, doc, loc), context)
     seen: set[str] = set()
     for i, failure in enumerate(parsed.failure):
         if failure.id in seen:
@@ -330,11 +397,13 @@ def load_survey(
     (diagnose reads symptoms, and a dying server is no time to import patch modules)."""
     from sm120kit.patching.registry import load_patches, search_path
 
-    files = [d / FILENAME for d in search_path(patch_dirs) if (d / FILENAME).is_file()]
+    directories = search_path(patch_dirs)
+    shipped = directories[-1] / FILENAME
+    files = search_paths.files_named(directories, FILENAME, "known-failures survey")
     failures: dict[str, Failure] = {}
     origin: dict[str, Path] = {}
     for path in files:
-        for failure in read_file(path):
+        for failure in read_file(path, users=path != shipped):
             if failure.id not in failures:
                 failures[failure.id], origin[failure.id] = failure, path
     if not validate_patches:

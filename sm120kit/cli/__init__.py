@@ -54,13 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return ExitCode.ERROR
-    from sm120kit import report
+    from sm120kit import followup, report
     from sm120kit.errors import UserError, changes_of_one_command, internal_error
 
     wide = getattr(args, "wide", False)
+    invocation = followup.invocation_of(parser, args)  # what its `next:` commands repeat
 
-    with changes_of_one_command() as changed, _checked_stdout():
+    with changes_of_one_command() as changed, _checked_stdout(), followup.invoked(invocation):
         try:
+            args.run_cli = main  # `try` runs the other commands in-process, through this same entry
             code = args.func(args)
             sys.stdout.flush()  # output that cannot be written fails here, not unseen at exit
             return code
@@ -92,13 +94,14 @@ def _failed(args, message: str, hint: str | None, changed: list[str]) -> int:
     failed (then the message says what was made); with --json, the error document too."""
     import json
 
-    from sm120kit import report
+    from sm120kit import followup, report
     from sm120kit.errors import UserError
 
     code = ExitCode.AFTER_CHANGE if changed else ExitCode.ERROR
     if changed:
         message = f"the change was made ({'; '.join(changed)}), then this failed: {message}"
-        hint = hint or f"run `sm120kit status{_target_options(args)}` to see where things stand"
+        hint = hint or "run `sm120kit status` to see where things stand"
+    message, hint = followup.complete(message), followup.complete(hint) if hint else hint  # for this target
     if args.json:
         with contextlib.suppress(OSError):  # stdout may be what failed
             doc = {"error": message, "hint": hint, "exit_code": int(code)}
@@ -117,16 +120,6 @@ def _path_refusal(parser: Parser, args, exc: OSError):
     actions = parser.chosen(args)._actions
     given = [(a.option_strings[-1] if a.option_strings else "", getattr(args, a.dest, None)) for a in actions]
     return path_limits.refusal(exc, given)
-
-
-def _target_options(args) -> str:
-    """The --site / --python the command was given, to repeat in a next step."""
-    import shlex
-
-    for option in ("site", "python"):
-        if value := getattr(args, option, None):
-            return f" --{option} {shlex.quote(str(value))}"
-    return ""
 
 
 def _made(changed: list[str]) -> str:

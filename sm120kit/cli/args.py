@@ -25,6 +25,21 @@ class Parser(argparse.ArgumentParser):
         print(report.error_text(f"{self.prog}: error: {message}\n  next: {self.prog} --help"), file=sys.stderr)
         sys.exit(ExitCode.ERROR)
 
+    def parse_known_args(self, args=None, namespace=None):
+        """A command with OptionalVerbs (`bench compare`): a first word that names a verb is
+        that verb's, parsed by its parser as argparse parses a subcommand; any other first
+        word is the command's own (`bench PROFILE`)."""
+        args = list(sys.argv[1:] if args is None else args)
+        verbs = next((a for a in self._actions if isinstance(a, OptionalVerbs)), None)
+        if verbs is None or not args or args[0] not in verbs.choices:
+            return super().parse_known_args(args, namespace)
+        namespace = argparse.Namespace() if namespace is None else namespace
+        setattr(namespace, verbs.dest, args[0])
+        parsed, extras = verbs.choices[args[0]].parse_known_args(args[1:], None)
+        for key, value in vars(parsed).items():
+            setattr(namespace, key, value)
+        return namespace, extras
+
     def chosen(self, args: argparse.Namespace) -> argparse.ArgumentParser:
         """The (sub)command the parsed args name, `profile show` included: the parser whose
         usage an error in them belongs to."""
@@ -37,6 +52,18 @@ class Parser(argparse.ArgumentParser):
             if not isinstance(name, str) or name not in verbs.choices:
                 return parser
             parser = verbs.choices[name]
+
+
+class OptionalVerbs(argparse._SubParsersAction):
+    """The verbs of a command that also runs without one: `bench PROFILE` and `bench compare
+    A B`. argparse's subcommands take the first word for a verb and refuse any other, a
+    profile's name included; these take no word in the command's own parse (nargs SUPPRESS),
+    and Parser.parse_known_args hands a first word that names one to its parser. They are
+    subcommands still: their own --help, options and exit codes, listed in the command's."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.nargs = argparse.SUPPRESS
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -101,7 +128,12 @@ def patch_dir_arg(parser: argparse.ArgumentParser, used_for: str = "") -> None:
 
 def patch_args(parser: argparse.ArgumentParser) -> None:
     patch_dir_arg(parser)
-    parser.add_argument("--only", action="append", metavar="ID", help="just this patch (repeatable)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="ID",
+        help="just this patch (repeatable; an unknown id is refused with the nearest known one)",
+    )
 
 
 def allow_missing_arg(parser: argparse.ArgumentParser) -> None:
@@ -133,9 +165,15 @@ def allow_known_failure_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def common_args(parser: argparse.ArgumentParser, wide: bool = False) -> None:
-    """--json and --debug; with `wide`, also --wide, for a command that prints a table."""
-    parser.add_argument("--json", action="store_true", help="print a JSON document instead of a table")
+def common_args(parser: argparse.ArgumentParser, wide: bool = False, prints: str | None = "a table") -> None:
+    """--json and --debug; with `wide`, also --wide, for a command that prints a table.
+    `prints`: what the command prints without --json, which the JSON document replaces (None:
+    a JSON document either way)."""
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help=f"print a JSON document instead of {prints}" if prints else "accepted: the output is JSON either way",
+    )
     if wide:
         parser.add_argument(
             "--wide",

@@ -1,4 +1,4 @@
-"""`bench`: concurrency sweeps, and `bench compare`."""
+"""`bench`: concurrency sweeps and searches, and its verb `bench compare`."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 from sm120kit.cli.args import (
+    OptionalVerbs,
     allow_known_failure_arg,
     check_range,
     command_parser,
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 
 def register(sub) -> None:
-    """bench."""
+    """bench, bench compare."""
     p = command_parser(
         sub,
         "bench",
@@ -40,29 +41,29 @@ def register(sub) -> None:
         "wrong is never a winner), one that crashes is recorded with its diagnosis, and the report "
         "names the best variant per concurrency and overall (only where it beats the next by more "
         "than the spread of --repeat's runs) and how to adopt it. A rerun with the same --out skips "
-        "the variants already done. --dry-run lists the variants and the estimated time.\n"
-        "`sm120kit bench compare BEFORE AFTER` shows two results directories side by side; `sm120kit "
-        "bench compare RUN_DIR` a search's variants by concurrency.",
+        "the variants already done. A variant that serve's preflight would refuse on the profile and the "
+        "environment (its patches, what the server imports, its ports) is refused in the plan, never "
+        "started. --dry-run lists the variants and the estimated time.\n"
+        "`sm120kit bench compare` reads results back (`sm120kit bench compare --help`).",
         {
             ExitCode.OK: "every level ran and every request completed (and the smoke passed); a search: every "
-            "runnable variant passed its smoke and was swept; compare: compared",
+            "runnable variant passed its smoke and was swept",
             ExitCode.FINDINGS: "a level or a request failed, or the smoke failed (the finished levels are "
             "reported and kept); a search: a variant was excluded by its smoke, crashed, or refused by the "
-            "preflight (a rerun tries it again)",
+            "preflight (a rerun tries it again); --dry-run: a variant the preflight would refuse (its patches "
+            "not in place, a package the server imports missing, two of its ports the same), listed with why",
             ExitCode.ERROR: "bad input, no sglang in the client's environment, no server at the URL, or "
-            "--serve's server did not get ready (nothing was benchmarked); compare: not a results directory",
+            "--serve's server did not get ready (nothing was benchmarked)",
             ExitCode.UNCLEAN: "a search stopped: a variant's server left a process, port or GPU memory behind",
             ExitCode.INTERRUPTED: "interrupted: the finished levels are kept (--serve: the server is stopped; "
             "a search: rerun with the same --out to go on)",
         },
         func=cmd_bench,
     )
+    # nargs="*": one profile or none (--url), and bench's mistakes said as bench says them; the
+    # words of `bench OPTIONS compare DIR...`, the spelling before compare was a verb, land here
     p.add_argument(
-        "name",
-        nargs="*",
-        metavar="PROFILE | compare DIR [DIR]",
-        help="the launch profile whose server to benchmark (none with --url); or `compare` and two results "
-        "directories, or one search directory",
+        "name", nargs="*", metavar="PROFILE", help="the launch profile whose server to benchmark (none with --url)"
     )
     p.add_argument("--url", help="benchmark this server instead of a profile's (e.g. http://127.0.0.1:30000)")
     p.add_argument(
@@ -128,13 +129,36 @@ def register(sub) -> None:
     search.add_argument(
         "--dry-run",
         action="store_true",
-        help="list the variants (runnable, or skipped and why) and the estimated time; start nothing",
+        help="list the variants (runnable; or skipped, or refused by serve's preflight, and why) and the "
+        "estimated time; start nothing",
     )
     patch_dir_arg(p, "for the patch status recorded with the results, and --serve's preflight")
     allow_known_failure_arg(p)
     profile_args(p)
     target_args(p, python_is="the environment that runs sglang's benchmark client, and with --serve the server")
     common_args(p, wide=True)
+
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", title="verb", prog=p.prog, action=OptionalVerbs)
+    v = command_parser(
+        verbs,
+        "compare",
+        "two results directories side by side, or a search's variants by concurrency",
+        "Read results back, benchmarking nothing: `sm120kit bench compare BEFORE AFTER` shows two "
+        "results directories (of `sm120kit bench`) side by side, level by level; `sm120kit bench compare "
+        "SEARCH_DIR` a search's variants by concurrency and its verdicts, as the search printed them.",
+        {
+            ExitCode.OK: "compared (or the search's report printed, whatever the search found)",
+            ExitCode.ERROR: "not a results directory (or not a search directory), or more than two",
+        },
+        func=cmd_bench_compare,
+    )
+    v.add_argument(
+        "dirs",
+        nargs="+",
+        metavar="DIR",
+        help="two results directories (BEFORE AFTER), or one search directory",
+    )
+    common_args(v, wide=True)
 
 
 def _check_bench_numbers(args) -> None:
@@ -195,33 +219,58 @@ def _options(args):
     )
 
 
-def cmd_bench(args) -> int:
+def _server_words(args) -> list[str]:
+    """What names the server a bench runs against: the profile, or --url."""
+    return [*args.name, *(["--url", args.url] if args.url is not None else [])]
+
+
+def cmd_bench_compare(args) -> int:
+    return _compare(args.dirs, args.json, args.wide)
+
+
+def _compare(dirs: list[str], json: bool, wide: bool) -> int:
     from sm120kit import report
     from sm120kit.bench import command, render
     from sm120kit.errors import UserError
 
-    width = report.output_width(args.wide)
-    if args.name[:1] == ["compare"]:
-        if len(args.name) not in (2, 3):
-            raise UserError(
-                "bench compare takes two results directories, or one search directory",
-                "sm120kit bench compare BEFORE_DIR AFTER_DIR, or sm120kit bench compare SEARCH_DIR",
-            )
-        if len(args.name) == 2:
-            from sm120kit.bench.search_report import load_search
+    width = report.output_width(wide)
+    if len(dirs) > 2:
+        raise UserError(
+            "bench compare takes two results directories, or one search directory",
+            "sm120kit bench compare BEFORE_DIR AFTER_DIR, or sm120kit bench compare SEARCH_DIR",
+        )
+    if len(dirs) == 1:
+        from sm120kit.bench.search_report import load_search
 
-            found = load_search(args.name[1])
-            if args.json:
-                report.emit_json(found.as_json())
-            else:
-                print(render.search_text(found, width))
-            return ExitCode.OK
-        comparison = command.compare(args.name[1], args.name[2])
-        if args.json:
-            report.emit_json(comparison.as_json())
+        found = load_search(dirs[0])
+        if json:
+            report.emit_json(found.as_json())
         else:
-            print(render.comparison_text(comparison, width))
+            print(render.search_text(found, width))
         return ExitCode.OK
+    comparison = command.compare(dirs[0], dirs[1])
+    if json:
+        report.emit_json(comparison.as_json())
+    else:
+        print(render.comparison_text(comparison, width))
+    return ExitCode.OK
+
+
+def cmd_bench(args) -> int:
+    from sm120kit import followup, report
+    from sm120kit.bench import command, render
+    from sm120kit.errors import UserError
+
+    if args.name[:1] == ["compare"]:  # `bench --json compare A B`: compare's words after bench's options
+        report.print_warnings(
+            [
+                "`sm120kit bench OPTIONS compare DIR...` is deprecated (compare is a verb now, and bench's own "
+                "options are ignored there); write `sm120kit bench compare DIR... [--json] [--wide]`"
+            ],
+            args.wide,
+        )
+        return _compare(args.name[1:], args.json, args.wide)
+    width = report.output_width(args.wide)
     if len(args.name) != (0 if args.url is not None else 1):
         got = " ".join(args.name) or "none"
         raise UserError(
@@ -231,7 +280,7 @@ def cmd_bench(args) -> int:
     if args.site:
         raise UserError(
             "--site names packages, not a python that can run the benchmark client",
-            "give the serving environment's interpreter: --python EXE",
+            f"give the serving environment's interpreter: `{followup.command('bench', *_server_words(args))}`",
         )
     options = _options(args)
     searching = bool(args.vary or args.variants)
@@ -239,17 +288,20 @@ def cmd_bench(args) -> int:
         raise UserError("--vary and --variants are two ways to name the variants", "give one of them")
     if searching and not args.serve:
         option = "--vary" if args.vary else "--variants"
+        variants = [w for v in args.vary or () for w in ("--vary", v)] or ["--variants", args.variants]
         raise UserError(
             f"{option} starts a server per variant: it needs --serve",
-            f"sm120kit bench {args.name[0] if args.name else 'PROFILE'} --serve {option} ...",
+            f"`{followup.command('bench', *(args.name or ['PROFILE']), '--serve', *variants)}`",
         )
     if args.dry_run and not searching:
         raise UserError(
-            "--dry-run plans a search: give --vary or --variants", "sm120kit bench PROFILE --serve --vary ..."
+            "--dry-run plans a search: give --vary or --variants",
+            f"`{followup.command('bench', *(args.name or ['PROFILE']), '--serve', '--vary=KEY=V1,V2', '--dry-run')}`",
         )
     if args.serve and args.url:
         raise UserError(
-            "--serve starts a profile's server; with --url the server is yours", "sm120kit bench PROFILE --serve"
+            "--serve starts a profile's server; with --url the server is yours",
+            f"`{followup.command('bench', 'PROFILE', '--serve')}`, or drop --serve to benchmark the server at --url",
         )
     from sm120kit.target import resolve_target
 
@@ -275,7 +327,7 @@ def cmd_bench(args) -> int:
 
 
 def _serve_options(args):
-    from sm120kit.serve.command import ServeOptions
+    from sm120kit.serve.options import ServeOptions
 
     return ServeOptions(
         patch_dirs=tuple(args.patch_dir or ()), gpu_check=not args.no_gpu_check, echo=False, debug=args.debug
@@ -310,6 +362,7 @@ def _search(args, options: BenchOptions, target: Target, width: int | None, out:
         args.patch_dir or (),
         args.allow_known_failure,
         args.capability,
+        _serve_options(args),  # a variant serve's preflight would refuse is refused in the plan
     ).with_serve_args(args.profile_dir, args.python)
     endpoint.api_key(plan.variants[0].profile.server.api_key_env)  # a missing key: before anything starts
     if args.dry_run:

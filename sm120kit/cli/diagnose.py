@@ -25,7 +25,7 @@ def register(sub) -> None:
     )
     p.add_argument("log", help="the sglang server log to read ('-' for standard input)")
     p.add_argument("--tail", type=int, default=400, metavar="N", help="look at the last N lines (default 400)")
-    common_args(p, wide=True)
+    common_args(p, wide=True, prints="the text")
 
 
 def cmd_diagnose(args) -> int:

@@ -23,12 +23,17 @@ def register(sub) -> None:
         "(with --profile: against what the profile needs, free memory included); persistence mode; "
         "PCIe links; processes holding GPU memory; peer-to-peer and the topology matrix; iommu=pt; "
         "nvidia_uvm's HMM; VM or container; /dev/shm; open-file and locked-memory limits; CUDA and "
-        "NCCL variables; the packages of the target environment; the patches (with --profile: the "
-        "profile's, which must be in place); flashinfer's JIT cache; the model on disk. Each "
-        "problem is printed with its fix. --nvml and --root read a copy of another node.",
+        "NCCL variables; the packages of the target environment (no sglang: nothing to serve); the "
+        "patches (with --profile: the profile's, which must be in place); flashinfer's JIT cache; the "
+        "model on disk; and every check of serve's preflight, with serve's verdict: the packages the "
+        "server imports (not with --site: it names no interpreter to ask), no stale sglang process, and "
+        "with --profile its API key, its ports each its own and free, and the known SM120 failures of the "
+        "release. Each problem is printed with its fix. --nvml and --root read a copy of another node "
+        "(this machine's processes, ports and API key are then not checked).",
         {
             ExitCode.OK: "nothing failed (warnings allowed)",
-            ExitCode.FINDINGS: "a check failed: the node cannot serve (the profile) as it is",
+            ExitCode.FINDINGS: "a check failed: the node cannot serve (the profile) as it is; serve would refuse "
+            "to start",
             ExitCode.ERROR: "bad input: an unknown profile, an unreadable --nvml document, a --root that is no "
             "copy of a node",
         },
@@ -37,7 +42,8 @@ def register(sub) -> None:
     p.add_argument(
         "--profile",
         metavar="NAME",
-        help="also check what this profile needs (GPU count, compute capability, memory, patches, env)",
+        help="also check what this profile needs (GPU count, compute capability, memory, patches, env, "
+        "API key, ports, known failures): what serve's preflight checks before it starts it",
     )
     p.add_argument(
         "--nvml",
@@ -75,7 +81,7 @@ def cmd_doctor(args) -> int:
 
     if args.sets and not args.profile:
         raise UserError(
-            "--set changes a profile, and no --profile was given", "sm120kit doctor --profile NAME --set KEY=VALUE"
+            "--set changes a profile, and no --profile was given", "`sm120kit doctor --profile NAME --set KEY=VALUE`"
         )
     if args.allow_known_failure:  # unknown ids are bad input, with or without a profile
         from sm120kit.catalogue.survey import load_survey
@@ -99,6 +105,8 @@ def cmd_doctor(args) -> int:
         nccl=nccl_request(args.python, args.site, args.nccl_gpus, elsewhere, sys.executable)
         if args.nccl or args.nccl_gpus
         else None,
+        python=None if args.site else args.python or sys.executable,
+        elsewhere=elsewhere,
     )
     result = doctor(options, profile, resolve_target(args.python, args.site))
     if args.json:

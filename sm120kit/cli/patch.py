@@ -66,8 +66,9 @@ def register(sub) -> None:
         "they were tuned for. Writes nothing; `sm120kit patch --check` judges the same, for scripts.",
         {
             ExitCode.OK: "every patch is in place, fixed upstream or not applicable",
-            ExitCode.FINDINGS: "a patch would be applied or brought to its current revision (the output says "
-            "so: run `sm120kit patch`)",
+            ExitCode.FINDINGS: "a patch would be applied or brought to its current revision, or the ledger "
+            "brought up to date (the stale entries of a package uninstalled, an entry lost): the output says so; "
+            "run `sm120kit patch`",
             ExitCode.ERROR: ERRORS,
         },
         func=cmd_status,
@@ -114,7 +115,8 @@ def register(sub) -> None:
         "alone), each proven against the wheel's RECORD, and drop their ledger entries. Without --only, "
         "the MoE config tables `sm120kit tune-moe` installed go too (a file of sglang's one replaced comes back).",
         {
-            ExitCode.OK: "restored, or nothing to restore (--dry-run: what would be restored is listed)",
+            ExitCode.OK: "restored, or nothing to restore (--dry-run: what would be restored is listed); a file "
+            "removed by hand comes back from its backup, and a ledger entry of a package no longer installed goes",
             ExitCode.ERROR: "a file cannot be restored (foreign-edit: --force; no-backup: reinstall the "
             "package), or bad input; nothing was written",
             ExitCode.AFTER_CHANGE: AFTER_CHANGE,
@@ -152,10 +154,10 @@ def cmd_known_failures(args) -> int:
         return ExitCode.OK
     rows, notes = [], []
     for f in survey.failures:
-        answer = f.answer + (" + rule" if f.rule and f.answer != "rule" else "")
-        fix = f"patch {f.patch}" if f.patch else f"avoid: {f.avoid}"
+        answer = (f.answer or "-") + (" + rule" if f.rule and f.answer != "rule" else "")  # (a user's may say none)
+        fix = f"patch {f.patch}" if f.patch else f"avoid: {f.avoid}" if f.avoid else ""
         rows.append([f.id, f.package, f.affected, f.fixed_in or report.OPEN, answer])
-        notes.append(f"{f.title}; {fix}; {' '.join(f.upstream)}")
+        notes.append("; ".join(filter(None, [f.title, fix, " ".join(f.upstream)])))
     width = report.output_width(args.wide)
     headers = ["FAILURE", "PACKAGE", "AFFECTED", "FIXED IN", "ANSWER"]
     if width is None:
@@ -190,20 +192,27 @@ def cmd_status(args) -> int:
     print(report.wrap(render.summary(plan.findings), width))
     tune_render.print_tuned(tuned, width)
     report.print_warnings([audit.warning(t) for t in unfit], args.wide)
-    _say_why(code, width)
+    _say_why(args, code, width)
     return code
 
 
-def _say_why(code: int, width: int | None) -> None:
-    """The reason for exit 1 of a read-only run (an error's reason is in the table)."""
-    from sm120kit import report
+def _say_why(args, code: int, width: int | None) -> None:
+    """The reason for exit 1 of a read-only run (an error's reason is in the table), and
+    the `patch` that applies what was judged: the same patches (--only, --allow-missing)."""
+    from sm120kit import followup, report
 
     if code == ExitCode.FINDINGS:
-        print(report.wrap("would change: run `sm120kit patch` to apply", width))
+        chosen = [
+            w
+            for option in ("only", "allow_missing")
+            for v in getattr(args, option) or ()
+            for w in (f"--{option.replace('_', '-')}", v)
+        ]
+        print(report.wrap(f"would change: run `{followup.command('patch', *chosen)}` to apply", width))
 
 
 def cmd_patch(args) -> int:
-    from sm120kit import report
+    from sm120kit import followup, report
     from sm120kit.patching import apply, planning, render
 
     target, patches = load_target_and_patches(args)
@@ -257,22 +266,26 @@ def cmd_patch(args) -> int:
     render.print_plan(plan, args.debug, width)
     written = not (plan.errors or plan.blockers)
     print(report.wrap(render.summary(plan.findings) + ("" if written else "; nothing was written"), width))
-    _say_why(code, width)
+    _say_why(args, code, width)
     if args.verify:
         if problems:
             print("verify FAILED:\n  " + "\n  ".join(problems), file=sys.stderr)
         elif code == ExitCode.OK:
-            caveat = "; unproven on this release: see above" if plan.unproven else ""
-            print(
-                report.wrap(
-                    "verified: every patch is in place, fixed upstream or not applicable, and matches the ledger"
-                    + caveat,
-                    width,
-                )
-            )
+            print(report.wrap(_verified(plan), width))
         for note in tuned_notes:
-            print(report.wrap(f"tuned MoE config {note}", width))
+            print(report.wrap(followup.complete(f"tuned MoE config {note}"), width))
     return code
+
+
+def _verified(plan) -> str:
+    """The line of a green --verify: what was proven, naming the patches let go with
+    --allow-missing (anchor-missing: not in place, and not said to be)."""
+    allowed = ", ".join(dict.fromkeys(f.patch.id for f in plan.findings if f.allowed))
+    every = f"every patch but {allowed}" if allowed else "every patch"
+    text = f"verified: {every} is in place, fixed upstream or not applicable, and matches the ledger"
+    if allowed:
+        text += f"; {allowed}: anchor-missing, not in place (allowed with --allow-missing)"
+    return text + ("; unproven on this release: see above" if plan.unproven else "")
 
 
 def cmd_unpatch(args) -> int:

@@ -5,13 +5,23 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from sm120kit.cli.args import allow_known_failure_arg, command_parser, common_args, profile_args, target_args
+from sm120kit.cli.args import (
+    allow_known_failure_arg,
+    allow_missing_arg,
+    command_parser,
+    common_args,
+    patch_dir_arg,
+    profile_args,
+    target_args,
+)
 from sm120kit.exit_codes import ExitCode
 
 if TYPE_CHECKING:
     from sm120kit.fleet.launch import FleetLaunch
     from sm120kit.profiles.model import Profile
     from sm120kit.profiles.render import Launch
+    from sm120kit.serve.options import ServeOptions
+    from sm120kit.serve.preflight import Preflight
     from sm120kit.target import Target
 
 NAME_HELP = "a profile name (`sm120kit profiles` lists them) or the path of a .toml file"
@@ -57,26 +67,41 @@ def register(sub) -> None:
     )
     v.add_argument("name", metavar="PROFILE", help=NAME_HELP)
     profile_args(v)
-    common_args(v)
+    common_args(v, prints="the TOML")
     v = command_parser(
         verbs,
         "check",
-        "render the profile for the installed sglang; exit 0 or 2",
+        "render the profile for the installed sglang and judge it as serve would; exit 0, 1 or 2",
         "Render the profile into the sglang command line for the release installed in the target "
-        "environment (flags read from its source, nothing imported), as `sm120kit serve` would, "
-        "and refuse a profile that cannot serve. Starts nothing.",
+        "environment (flags read from its source, nothing imported), as `sm120kit serve` would; refuse a "
+        "profile that cannot serve, or that runs into a known SM120 failure of the release (the shipped "
+        "survey and the known-failures.toml of each --patch-dir and $SM120KIT_PATCH_PATH, as serve reads "
+        "them); then run the checks of serve's preflight that do not look at this node: the packages the "
+        "server imports are installed (not with --site: it names no interpreter to ask), the profile's "
+        "patches are in place, no two of its ports are the same. Starts nothing.",
         {
-            ExitCode.OK: "it renders (warnings, if any, on stderr)",
+            ExitCode.OK: "it renders and serve's checks pass (warnings, if any, on stderr)",
+            ExitCode.FINDINGS: "it renders, but serve would refuse to start it: a check failed (its patches "
+            "not in place, a package the server imports missing, two of its ports the same), each said on "
+            "stderr with its fix",
             ExitCode.ERROR: "it does not: an unknown or invalid profile, a flag or value the release lacks, "
-            "a profile that cannot serve, or no sglang in the target",
+            "a profile that cannot serve, a known SM120 failure of the release that no applied patch covers, "
+            "or no sglang in the target",
         },
         func=cmd_profile_check,
     )
     v.add_argument("name", metavar="PROFILE", help=NAME_HELP)
     profile_args(v)
     target_args(v, python_is="the serving environment, whose sglang the profile is rendered for")
+    patch_dir_arg(v, "the profile's patches, and the known failures of their known-failures.toml")
+    v.add_argument(
+        "--no-patch-check",
+        action="store_true",
+        help="do not judge the profile's patches (as `serve --no-patch-check` starts without them)",
+    )
+    allow_missing_arg(v)
     allow_known_failure_arg(v)
-    common_args(v)
+    common_args(v, prints="the text")
     v = command_parser(
         verbs,
         "schema",
@@ -86,7 +111,7 @@ def register(sub) -> None:
         {ExitCode.OK: "printed", ExitCode.ERROR: "bad input (an unknown option)"},
         func=cmd_profile_schema,
     )
-    common_args(v)
+    common_args(v, prints=None)
 
 
 def cmd_profiles(args) -> int:
@@ -224,6 +249,24 @@ def _renderer(args, target: Target):
     return render_with
 
 
+def judged_anywhere(
+    args, profile: Profile, launch: Launch | FleetLaunch, target: Target, options: ServeOptions
+) -> Preflight:
+    """serve's preflight of the launch less the checks of this node (sm120kit.serve.preflight,
+    registry.ANYWHERE: what the server imports, its patches, its ports each its own): what a
+    dry run and `profile check` say the start would refuse. --site names no interpreter to
+    ask what the server imports: that check is skipped, saying so."""
+    from sm120kit.fleet.launch import FleetLaunch
+    from sm120kit.serve import preflight
+
+    off = {"imports": "--site names no interpreter to ask; give --python EXE"} if args.site else {}
+    if isinstance(launch, FleetLaunch):
+        from sm120kit.fleet.command import run_preflight
+
+        return run_preflight(launch, target, options, on_this_node=False, off=off)
+    return preflight.run(profile, launch, target, options, on_this_node=False, off=off)
+
+
 def what_runs_lines(doc: dict | None, width: int | None) -> list[str]:
     """What will run, as `profile check` and `serve --dry-run` print it, fitted to `width`."""
     from sm120kit import report
@@ -245,25 +288,51 @@ def what_runs_lines(doc: dict | None, width: int | None) -> list[str]:
 def cmd_profile_check(args) -> int:
     from sm120kit import report
     from sm120kit.fleet.launch import FleetLaunch
+    from sm120kit.serve import preflight
 
-    _, launch, _ = render_launch(args, router_optional=True)  # a fleet's replicas are checked without a router
+    profile, launch, target = render_launch(args, router_optional=True)  # a fleet's replicas: without a router
+    checked = judged_anywhere(args, profile, launch, target, check_options(args, profile))
     if args.json:
-        report.emit_json({"profile": args.name, "ok": True, **launch.as_json()})
-        return ExitCode.OK
-    report.print_warnings(launch.warnings, getattr(args, "wide", False))
+        report.emit_json({"profile": args.name, "ok": not checked.failed, **launch.as_json(), **checked.verdict_json()})
+        return checked.exit_code
+    wide = getattr(args, "wide", False)
+    report.print_warnings(launch.warnings, wide)
     shown = launch if not isinstance(launch, FleetLaunch) else next(iter(launch.replicas.values()), None)
-    for line in what_runs_lines(shown.what_runs if shown else None, report.output_width(getattr(args, "wide", False))):
+    for line in what_runs_lines(shown.what_runs if shown else None, report.output_width(wide)):
         print(line)
     if isinstance(launch, FleetLaunch):
         one = next(iter(launch.replicas.values()))
         router = f"sglang-router {launch.router_version}" if launch.router else "a router not checked here"
-        print(
-            f"profile {args.name}: ok, a fleet of {len(launch.plan.replicas)} replica(s) for sglang {one.sglang} "
+        rendered = (
+            f"a fleet of {len(launch.plan.replicas)} replica(s) for sglang {one.sglang} "
             f"({len(one.argv) - 3} arguments each) behind {router}"
         )
-        return ExitCode.OK
-    print(f"profile {args.name}: ok for sglang {launch.sglang} ({len(launch.argv) - 3} arguments)")
-    return ExitCode.OK
+        verdict = f"ok, {rendered}"
+    else:
+        rendered = f"for sglang {launch.sglang} ({len(launch.argv) - 3} arguments)"
+        verdict = f"ok {rendered}"
+    if checked.failed:  # renders, and yet no start: said as the start would say it
+        verdict = f"renders {rendered}, but serve would refuse to start it"
+    print(f"profile {args.name}: {verdict}", flush=True)
+    preflight.would_refuse(checked, report.error_width(wide), wide)
+    return checked.exit_code
+
+
+def check_options(args, profile: Profile) -> ServeOptions:
+    """What `profile check` judges the launch with, as serve takes it: the patch directories,
+    the patch check on or off, the anchors allowed missing, the profile's metrics port."""
+    from sm120kit.serve.options import ServeOptions
+
+    if args.allow_missing:  # known ids only, as serve takes them
+        from sm120kit.patching.registry import load_patches, select
+
+        select(load_patches(args.patch_dir or None), sorted(set(args.allow_missing)), "--allow-missing")
+    return ServeOptions(
+        patch_dirs=tuple(args.patch_dir or ()),
+        allow_missing=frozenset(args.allow_missing),
+        patch_check=not args.no_patch_check,
+        metrics_port=profile.server.metrics_port,
+    )
 
 
 def cmd_profile_schema(args) -> int:

@@ -3,7 +3,10 @@ manifests."""
 
 from __future__ import annotations
 
+import argparse
 import os
+import shlex
+from typing import TYPE_CHECKING
 
 from sm120kit.cli.args import (
     allow_known_failure_arg,
@@ -15,11 +18,17 @@ from sm120kit.cli.args import (
 )
 from sm120kit.exit_codes import ExitCode
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from sm120kit.deploy.docker import Container
+
 TARGETS = ("systemd", "docker", "k8s")
 # The options that mean something to some targets only: any other target refuses them.
 ONLY_FOR = {
     "image": ("--image", ("docker", "k8s")),
     "dockerfile": ("--dockerfile", ("docker",)),
+    "out": ("--out", ("docker",)),
     "namespace": ("--namespace", ("k8s",)),
     "user_unit": ("--user", ("systemd",)),
     "unit_user": ("--unit-user", ("systemd",)),
@@ -49,21 +58,23 @@ def register(sub) -> None:
         "Print what runs the profile NAME as operators run servers. systemd: a unit whose "
         "ExecStart is `sm120kit serve NAME` after `sm120kit patch --verify` of its patches. docker: "
         "the same commands as a container's, as a compose file headed by the equal `docker run` line, "
-        "whose image a Dockerfile builds FROM --image with the patches applied and proven (--dockerfile "
-        "prints it alone). "
+        "whose image a Dockerfile builds FROM --image with sm120kit's own wheel installed and the patches "
+        "applied and proven (--dockerfile prints it alone; --out DIR writes the build's context: the "
+        "Dockerfile, compose.yaml and the wheel). "
         "k8s: manifests whose pods run the sglang argv that `serve --dry-run` renders (Kubernetes "
         "supervises there); needs sglang in the target environment. Every target first judges the "
         "launch as `profile check` does, against the target environment's sglang (systemd: the "
         "unit's; docker, k8s: --python / --site, else this interpreter's; docker without sglang there: "
         "a warning), and refuses one that runs into a known SM120 failure of that release; "
         "--allow-known-failure ID renders it anyway, and the unit and the container pass it on to "
-        "`serve`. Writes nothing: redirect it.",
+        "`serve`. Writes nothing but docker's --out DIR: redirect it.",
         {
-            ExitCode.OK: "printed",
+            ExitCode.OK: "printed (docker --out: written)",
             ExitCode.ERROR: "bad input: an unknown or invalid profile, one that cannot serve, a launch that "
             "runs into a known SM120 failure of the release (--allow-known-failure ID), a multi-node "
             "profile without --node-rank or a rendezvous port, docker or k8s without --image, an option "
-            "that is not the target's; nothing was printed",
+            "that is not the target's, an --out DIR that holds other files or sm120kit's wheel that cannot be "
+            "found or built; nothing was printed or written",
         },
         func=cmd_render,
     )
@@ -75,6 +86,13 @@ def register(sub) -> None:
         action="store_true",
         help="docker: print the Dockerfile of the image alone (FROM --image, sm120kit installed, the patches "
         "applied and proven at build time), which the compose file builds",
+    )
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="docker: write the build's context into DIR (new, empty, or an earlier --out): the Dockerfile, "
+        "compose.yaml and sm120kit's own wheel, which the Dockerfile installs (the wheel this sm120kit was "
+        "installed from, or one built from its source with `pip wheel --no-deps`, cached)",
     )
     p.add_argument("--namespace", metavar="NS", help="k8s: the namespace of every object (default: none set)")
     p.add_argument("--user", dest="user_unit", action="store_true", help="systemd: a unit of the user's manager")
@@ -121,22 +139,30 @@ def register(sub) -> None:
         "release, whose flags and known failures the launch is judged against)",
     )
     allow_known_failure_arg(p)
-    common_args(p)
+    common_args(p, prints="the files")
 
 
 def cmd_render(args) -> int:
+    from sm120kit import followup
     from sm120kit.errors import UserError
 
     for dest, (option, targets) in ONLY_FOR.items():
         if getattr(args, dest) not in (None, False) and args.target not in targets:
             raise UserError(
                 f"render {args.target} does not take {option} (it is for {', '.join(targets)})",
-                f"sm120kit render {args.target} {args.name} without {option}",
+                f"`{followup.command('render', args.target, args.name)}`, without {option}",
             )
     if args.target in ("docker", "k8s") and not args.image:
         raise UserError(
             f"render {args.target} needs the image that runs the server",
-            f"sm120kit render {args.target} {args.name} --image IMAGE (sglang and sm120kit installed in it)",
+            f"`{followup.command('render', args.target, args.name, '--image', 'IMAGE')}`, an image with sglang and "
+            "sm120kit installed",
+        )
+    if args.dockerfile and args.out:
+        raise UserError(
+            "render docker takes --dockerfile (print the Dockerfile) or --out DIR (write the build's context), "
+            "not both",
+            f"`{followup.command('render', 'docker', args.name, '--image', args.image or 'IMAGE', '--out', args.out)}`",
         )
     if args.node_rank is not None:
         from sm120kit.cli.args import check_range
@@ -227,9 +253,14 @@ def _systemd(args) -> int:
         exe = (str(here),) if os.access(here, os.X_OK) else (os.path.abspath(sys.executable), "-m", "sm120kit")
     options = UnitOptions(exe, args.user_unit, args.unit_user, args.env_file, args.state_dir)
     text = render_unit(d, options)
-    from sm120kit.cli.unit_environment import check_unit_environment
+    from sm120kit.cli.profiles import render_for
+    from sm120kit.deploy.unit_environment import check_unit_environment
 
-    check_unit_environment(args, d, python, exe)  # what `serve --dry-run` checks, in the unit's interpreter
+    def judge(unit_python: str, target):  # `profile check`'s judgement, in the unit's interpreter
+        return render_for(argparse.Namespace(**{**vars(args), "python": unit_python, "site": None}), d.profile, target)
+
+    # what `serve --dry-run` checks, in the unit's interpreter
+    check_unit_environment(d, exe, args.sm120kit is not None, judge, report.print_warnings)
     if args.json:
         report.emit_json({"target": "systemd", "unit": unit_name(d), "text": text})
     else:
@@ -272,25 +303,57 @@ def _judge_container(args, profile) -> None:
 
 
 def _docker(args) -> int:
+    from pathlib import Path
+
     from sm120kit import report
     from sm120kit.deploy.docker import ContainerOptions, compose, compose_text, container, run_argv
 
     d = _deployment(args, args.image_python)
     _judge_container(args, d.profile)
     c = container(d, ContainerOptions(args.image, args.env_file, args.state_dir))
+    written = _write_context(c, Path(args.out).expanduser(), args) if args.out else None
     if args.json:
-        report.emit_json(
-            {
-                "target": "docker",
-                "image": c.image,
-                "dockerfile": c.dockerfile,
-                "run": run_argv(c),
-                "compose": compose(c),
-            }
-        )
+        doc: dict = {"target": "docker", "image": c.image, "dockerfile": c.dockerfile, "run": run_argv(c)}
+        doc["compose"] = compose(c)
+        if written:
+            doc["context"] = {"dir": str(written[0].parent), "files": [p.name for p in written]}
+        report.emit_json(doc)
+    elif written:
+        where = written[0].parent
+        print(f"wrote the build's context of {c.image} to {where}: {', '.join(p.name for p in written)}")
+        print(f"next: cd {shlex.quote(str(where))} && docker compose up -d --build && docker compose logs -f")
     else:
         print(c.dockerfile if args.dockerfile else compose_text(c), end="")
     return ExitCode.OK
+
+
+def _write_context(c: Container, out: Path, args) -> list[Path]:
+    """--out DIR: checked before sm120kit's wheel is found or built, then written."""
+    from sm120kit.deploy.docker import check_context_dir, write_context
+    from sm120kit.deploy.own_wheel import own_wheel
+    from sm120kit.errors import UserError
+
+    check_context_dir(out, _docker_again(args, out))
+    wheel = own_wheel()
+    try:
+        return write_context(c, out, wheel)
+    except OSError as exc:
+        raise UserError(
+            f"--out {out}: cannot write the build's context ({exc.strerror or exc})", _docker_again(args, out)
+        ) from None
+
+
+def _docker_again(args, out: Path) -> str:
+    """This render docker with --out a directory that is not there yet (the target, the
+    profile's directories and --set are added where a follow-up is printed)."""
+    fresh = next(c for n in range(2, 1000) if not (c := out.with_name(f"{out.name}-{n}")).exists())
+    words = ["sm120kit", "render", "docker", args.name, "--image", args.image]
+    for option, value in (("--image-python", args.image_python), ("--env-file", args.env_file)):
+        words += [option, value] if value else []
+    words += ["--state-dir", args.state_dir] if args.state_dir else []
+    words += ["--node-rank", str(args.node_rank)] if args.node_rank is not None else []
+    words += [w for f in getattr(args, "allow_known_failure", None) or () for w in ("--allow-known-failure", f)]
+    return f"`{shlex.join([*words, '--out', str(fresh)])}` (a new directory)"
 
 
 def _k8s(args) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from sm120kit.cli.args import (
@@ -14,14 +13,14 @@ from sm120kit.cli.args import (
     profile_args,
     target_args,
 )
-from sm120kit.cli.profiles import load_for, render_for, what_runs_lines
+from sm120kit.cli.profiles import judged_anywhere, load_for, render_for, what_runs_lines
 from sm120kit.errors import UserError
 from sm120kit.exit_codes import ExitCode
 
 if TYPE_CHECKING:
     from sm120kit.fleet.launch import FleetLaunch
     from sm120kit.profiles.model import Profile
-    from sm120kit.serve.command import ServeOptions
+    from sm120kit.serve.options import ServeOptions
     from sm120kit.target import Target
 
 
@@ -36,16 +35,19 @@ def register(sub) -> None:
         "sglang process; the GPUs are there and free; every port is free; the API key is set), start "
         "sglang with it, wait until it generates, probe it, restart it with backoff on death or hang, "
         "and stop it clean on Ctrl-C / SIGTERM. --check runs the preflight alone; --dry-run prints the "
-        "command line.",
+        "command line, then runs the preflight's checks that do not read this node (imports, patches, "
+        "ports each its own) and says on stderr what the start would refuse.",
         {
-            ExitCode.OK: "stopped on request, nothing left behind; --check: every check passed; --dry-run: printed",
+            ExitCode.OK: "stopped on request, nothing left behind; --check: every check passed; --dry-run: printed, "
+            "and its checks passed",
             ExitCode.FINDINGS: "gave up after the crash-loop limit, or health.smoke's smoke failed (the server is "
-            "stopped, not restarted); --check: a preflight check failed",
+            "stopped, not restarted); --check: a preflight check failed; --dry-run: printed, but a check the "
+            "start would refuse on failed (its patches not in place, a package the server imports missing, two "
+            "of its ports the same)",
             ExitCode.ERROR: "refused: a preflight check failed, or the profile is already being served; the "
             "server died at its start for want of a module (no restart mends that); bad input: an unknown "
-            "profile, no sglang in the target environment (the profile renders for the installed release) or "
-            "a package it imports missing there (--dry-run too), an unknown --allow-missing id, a "
-            "--metrics-port out of range",
+            "profile, no sglang in the target environment (the profile renders for the installed release), an "
+            "unknown --allow-missing id, a --metrics-port out of range",
             ExitCode.UNCLEAN: "stopped, but a process, port or GPU context of the server was left",
             ExitCode.INTERRUPTED: "interrupted before the supervisor took over (it stops on Ctrl-C with 0)",
         },
@@ -87,40 +89,41 @@ def register(sub) -> None:
     patch_dir_arg(p)
     profile_args(p)
     target_args(p, python_is="the environment that runs the server")
-    common_args(p, wide=True)
+    common_args(p, wide=True, prints="the text")
 
 
 def cmd_serve(args) -> int:
-    from sm120kit import report
+    from sm120kit import followup, report
     from sm120kit.profiles.render import Launch
     from sm120kit.serve import command, preflight
 
     if args.site and not args.dry_run:
         raise UserError(
             "--site names packages, not a python that can run the server",
-            f"give the serving environment's interpreter: sm120kit serve {args.name} --python EXE (or --dry-run)",
+            f"give the serving environment's interpreter: `{followup.command('serve', args.name, '--python', 'EXE')}`, "
+            "or add --dry-run",
         )
     profile, target = load_for(args)
     if profile.fleet is None and (args.router_only or args.replicas_only):
         raise UserError(
             f"profile {profile.name} is one server: --router-only and --replicas-only need a [fleet] table",
-            f"sm120kit serve {profile.name}",
+            f"serve it as one: `{followup.command('serve', args.name)}`",
         )
     launch = render_for(args, profile, target)
     options = _options(args, profile)  # checked as a start checks them, --dry-run too
-    if args.dry_run:  # one server's command, or each of a fleet's
-        if not args.site:  # an interpreter to ask: what the server imports is there (--site names none)
-            preflight.require_imports(launch.entry_points, {**os.environ, **profile.env}, target, args.wide)
+    if args.dry_run:  # one server's command, or each of a fleet's; and what the start would refuse
+        checked = judged_anywhere(args, profile, launch, target, options)
         if args.json:
-            report.emit_json(launch.as_json())
-            return ExitCode.OK
+            report.emit_json({**launch.as_json(), **checked.verdict_json()})
+            return checked.exit_code
         report.print_warnings(launch.warnings, args.wide)
         shown = launch if isinstance(launch, Launch) else next(iter(launch.replicas.values()), None)
         width = report.output_width(args.wide)
         for line in what_runs_lines(shown.what_runs if shown else None, width and width - 2):
             print(f"# {line}")  # the command below stays one a shell runs as printed
-        print(launch.shell())
-        return ExitCode.OK
+        print(launch.shell(), flush=True)
+        preflight.would_refuse(checked, report.error_width(args.wide), args.wide)
+        return checked.exit_code
     if not isinstance(launch, Launch):  # a fleet profile's: render_for gave its FleetLaunch
         return _serve_fleet(args, profile, launch, target, options)
     width = report.output_width(args.wide)
@@ -138,7 +141,7 @@ def cmd_serve(args) -> int:
 
 def _options(args, profile: Profile) -> ServeOptions:
     from sm120kit.cli.args import check_range
-    from sm120kit.serve.command import ServeOptions
+    from sm120kit.serve.options import ServeOptions
 
     if args.metrics_port is not None:
         check_range("--metrics-port", args.metrics_port, 1, 65535, "a free TCP port, e.g. --metrics-port 9400")

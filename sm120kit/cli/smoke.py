@@ -112,10 +112,12 @@ def _options(args):
         if value is not None:
             paths[option] = Path(value).expanduser() if value else default_baseline(stem)
     if "baseline" in paths and not paths["baseline"].exists() and args.baseline == "":
-        target = args.name or f"--url {options.url}"
+        from sm120kit import followup
+
+        server = [args.name] if args.name else ["--url", options.url]
         raise UserError(
             f"no baseline recorded for {args.name or options.url} yet ({paths['baseline']})",
-            f"record one from a server you trust: sm120kit smoke {target} --record-baseline",
+            f"record one from a server you trust: `{followup.command('smoke', *server, '--record-baseline')}`",
         )
     from dataclasses import replace
 

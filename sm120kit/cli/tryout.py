@@ -46,21 +46,20 @@ def register(sub) -> None:
     )
     p.add_argument("--dir", metavar="DIR", help="make the scratch directory in DIR (default: the system's temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory and print its path")
-    common_args(p)
+    common_args(p, prints="the transcript")
 
 
 def cmd_try(args) -> int:
     from pathlib import Path
 
     from sm120kit import report, tryout
-    from sm120kit.cli import main
 
     def note(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
     width = report.output_width()
     cycle = tryout.run(
-        main,
+        args.run_cli,
         args.release,
         Path(args.dir) if args.dir else None,
         keep=args.keep,

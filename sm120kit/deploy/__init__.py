@@ -112,6 +112,7 @@ def deployment(
 
         plan(profile)  # its layout's mistakes, as serve would find them
     require_rendezvous(profile)
+    require_distinct_ports(profile)
     p = profile.parallel
     if p.nnodes > 1 and node_rank is None:
         raise UserError(
@@ -148,6 +149,18 @@ def require_rendezvous(profile: Profile) -> None:
             f"parallel.dist_init_addr = {p.dist_init_addr!r} names no rendezvous port",
             'set parallel.dist_init_addr = "HOST:PORT" of rank 0, e.g. --set parallel.dist_init_addr=10.0.0.1:5000',
         )
+
+
+def require_distinct_ports(profile: Profile) -> None:
+    """The profile's ports each its own, as serve's preflight checks them (the server's and
+    server.metrics_port): a clash fails every start, so a unit, a container or a pod of it
+    is refused (a UserError, exit 2, nothing printed)."""
+    from sm120kit.node.check import Status
+    from sm120kit.node.checks.serving import distinct_ports
+
+    found = distinct_ports(profile, profile.server.metrics_port)
+    if found is not None and found.status is Status.FAIL:
+        raise UserError(f"profile {profile.name} ({profile.source}): {found.detail}", found.fix)
 
 
 def give_up_floor_s(profile: Profile) -> float:

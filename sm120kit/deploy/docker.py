@@ -11,19 +11,24 @@ another argv, and a public bind the profile did not ask for.
 
 The image it runs is built FROM the one given (`sh`, sglang, sglang-router for a fleet, in the
 serving environment on PATH, or --image-python names that environment's python) by a
-Dockerfile that installs sm120kit and runs `sm120kit patch --verify` for the profile's
-patches: the image is patched and proven when it is built, before it ships (the compose file
-builds it: `build.dockerfile_inline`; `render docker --dockerfile` prints it alone). Its
-container keeps FlashInfer's and Triton's JIT caches in a volume, as it reads the Hugging
-Face cache from the host: the kernels built at a start are there at the next. The host runs
-the NVIDIA Container Toolkit (`--gpus`)."""
+Dockerfile that installs sm120kit from its own wheel and runs `sm120kit patch --verify` for
+the profile's patches: the image is patched and proven when it is built, before it ships (the
+compose file builds it: `build.dockerfile_inline`; `render docker --dockerfile` prints it
+alone). No package index serves sm120kit: the wheel travels in the build's context, the
+directory `render docker --out DIR` writes (the Dockerfile, compose.yaml and the wheel;
+write_context). Its container keeps FlashInfer's and Triton's JIT caches in a volume, as it
+reads the Hugging Face cache from the host: the kernels built at a start are there at the
+next. The host runs the NVIDIA Container Toolkit (`--gpus`)."""
 
 from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from sm120kit.deploy import START_BURST, Deployment, seconds, stop_budget_s
+from sm120kit.deploy.own_wheel import wheel_name
+from sm120kit.errors import UserError
 from sm120kit.node.checks.system import NOFILE_GOOD
 
 SHM_SIZE = "32g"  # doctor's advice: 16 GiB is fine for 8 ranks at high concurrency, 1 GiB is the floor
@@ -35,7 +40,8 @@ PROFILES_AT = "/etc/sm120kit/profiles"  # the host's profile directories, mounte
 PATCHES_AT = "/etc/sm120kit/patches"
 JIT_CACHE = "/var/cache/sm120kit/jit"  # FlashInfer's ($FLASHINFER_WORKSPACE_BASE/.cache/flashinfer) and Triton's
 JIT_VOLUME = "sm120kit-jit"  # a named volume: the JIT caches outlive the container (and a rebuilt image)
-SM120KIT_ARG = "SM120KIT"  # the Dockerfile's build argument: what pip installs (a release, a wheel's path, a URL)
+WHEEL_AT = "/opt/sm120kit"  # where the Dockerfile copies sm120kit's wheel (kept: what the image was built with)
+DOCKERFILE, COMPOSE = "Dockerfile", "compose.yaml"  # beside the wheel in the build's context (--out DIR)
 
 
 @dataclass(frozen=True)
@@ -121,13 +127,15 @@ def dockerfile(d: Deployment, base: str, image: str) -> str:
     patches = {p.id: p for p in registry.load_patches(list(d.patch_dirs))}
     baked = tuple(i for i in d.profile.patches if patches[i].source.startswith(shipped))
     later = [i for i in d.profile.patches if i not in baked]
+    wheel = wheel_name()
     lines = [
-        f"# {image}: {base} with sm120kit and profile {d.profile.name}'s patches,",
-        "# applied and proven when it is built (`sm120kit render docker --dockerfile`):",
-        f"#   docker build -t {image} - < Dockerfile",
+        f"# {image}: {base} with sm120kit {__version__} and profile {d.profile.name}'s patches,",
+        "# applied and proven when it is built. Its context is the directory that",
+        "# `sm120kit render docker --out DIR` writes: this file, compose.yaml and sm120kit's wheel.",
+        f"#   docker build -t {image} DIR",
         f"FROM {base}",
-        f"ARG {SM120KIT_ARG}=sm120kit=={__version__}",
-        f'RUN pip install --no-cache-dir "${SM120KIT_ARG}"',
+        f"COPY {wheel} {WHEEL_AT}/",
+        f"RUN pip install --no-cache-dir {WHEEL_AT}/{wheel}",
     ]
     patch = replace(d, profile=d.profile.model_copy(update={"patches": list(baked)})).patch_argv(["sm120kit"], ())
     if patch:  # one --only a line
@@ -205,7 +213,9 @@ def compose_text(c: Container) -> str:
     import yaml
 
     head = [
-        f"# {c.name}: `sm120kit serve` in a container (`sm120kit render docker`). Save as compose.yaml, then:",
+        f"# {c.name}: `sm120kit serve` in a container (`sm120kit render docker`).",
+        "# `sm120kit render docker --out DIR` writes it as DIR/compose.yaml beside the Dockerfile and",
+        f"# sm120kit's wheel ({wheel_name()}), which the build copies; then, in DIR:",
         "#   docker compose up -d --build && docker compose logs -f",
         f"# Its image, {c.image}: {c.base} with sm120kit and the profile's patches,",
         "# applied and proven when it is built (the Dockerfile under build:, which",
@@ -223,3 +233,43 @@ def compose_text(c: Container) -> str:
     Dumper.add_representer(str, text)
     body = yaml.dump(compose(c), Dumper=Dumper, sort_keys=False, default_flow_style=False, width=1000)
     return "\n".join(head) + "\n" + body
+
+
+def check_context_dir(out: Path, again: str) -> None:
+    """--out DIR: a new directory, an empty one, or one that holds only what render writes
+    there (a build's context is sent to docker whole); a UserError naming it otherwise,
+    whose next step is `again` (the command with a new directory)."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: not a directory", again)
+    try:
+        others = sorted(p.name for p in out.iterdir() if not _ours(p.name)) if out.is_dir() else []
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot read it ({exc.strerror or exc})", again) from None
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise UserError(
+            f"--out {out} holds {shown}, which render does not write: the build would send it to docker, "
+            "and render writes Dockerfile and compose.yaml there",
+            again,
+        )
+
+
+def _ours(name: str) -> bool:
+    return name in (DOCKERFILE, COMPOSE) or (name.startswith("sm120kit-") and name.endswith(".whl"))
+
+
+def write_context(c: Container, out: Path, wheel: Path) -> list[Path]:
+    """The build's context in `out` (checked by check_context_dir): the Dockerfile, the
+    compose file and sm120kit's wheel, which the Dockerfile copies; a wheel of another
+    version left there by an earlier render goes."""
+    from sm120kit.atomic_write import write_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / DOCKERFILE, out / COMPOSE, out / wheel_name()]
+    write_atomic(written[0], c.dockerfile.encode())
+    write_atomic(written[1], compose_text(c).encode())
+    write_atomic(written[2], wheel.read_bytes())
+    for stale in out.glob("sm120kit-*.whl"):
+        if stale not in written:
+            stale.unlink()
+    return written

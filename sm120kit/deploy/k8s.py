@@ -98,6 +98,9 @@ def render_k8s(
             f"--hf-cache-host-path {hf_cache_host_path!r} is not an absolute path (a node's directory)",
             "give the directory's absolute path on the node",
         )
+    from sm120kit.deploy import require_distinct_ports
+
+    require_distinct_ports(profile)  # as serve's preflight: a UserError before anything is rendered
     profile = _in_a_pod(profile)
     if profile.parallel.nnodes > 1 and profile.fleet is None:
         rendezvous_port(profile)  # a UserError before anything is rendered

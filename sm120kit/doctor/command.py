@@ -1,4 +1,6 @@
-"""`sm120kit doctor`: every check of the node in one report, each problem with its fix."""
+"""`sm120kit doctor`: every check of the node in one report, each problem with its fix; every
+check of serve's preflight among them, so that "this node can serve" is serve's verdict too
+(those that read this machine's processes and ports are skipped for a copy of another node)."""
 
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ from sm120kit.exit_codes import ExitCode
 from sm120kit.node import registry
 from sm120kit.node.check import Check, Status
 from sm120kit.node.snapshot import Snapshot
+from sm120kit.serve import procs, rundir
 
 if TYPE_CHECKING:
-    from sm120kit.node.checks.nccl import Request
+    from sm120kit.node.inputs import NcclRequest
     from sm120kit.profiles.model import Profile
     from sm120kit.target import Target
 
@@ -26,7 +29,9 @@ class DoctorOptions:
     allowed_failures: frozenset[str] = frozenset()  # --allow-known-failure
     capability: str | None = None  # --capability
     debug: bool = False  # a check that crashes raises, with its traceback
-    nccl: Request | None = None  # --nccl (None: the check says SKIP)
+    nccl: NcclRequest | None = None  # --nccl (None: the check says SKIP)
+    python: str | None = None  # the serving interpreter the imports check asks (None: --site names none)
+    elsewhere: str | None = None  # the option that points doctor at another node's copy (--nvml, --root)
 
 
 @dataclass(frozen=True)
@@ -84,5 +89,34 @@ def doctor(options: DoctorOptions, profile: Profile | None, target: Target) -> D
         capability=options.capability,
         debug=options.debug,
         nccl=options.nccl,
+        processes=procs,
+        runs=rundir.runs,
+        entry_points=entry_points(profile, options.python),
+        metrics_port=profile.server.metrics_port if profile else None,
     )
-    return DoctorReport(profile.name if profile else None, registry.run(registry.DOCTOR, inputs), node)
+    return DoctorReport(
+        profile.name if profile else None, registry.run(registry.DOCTOR, inputs, off(options, profile)), node
+    )
+
+
+def entry_points(profile: Profile | None, python: str | None) -> tuple[tuple[str, str], ...]:
+    """What serve would start with `python -m`, for the imports check: sglang's server, and
+    a fleet's router; nothing where there is no interpreter to ask (--site)."""
+    if python is None:
+        return ()
+    from sm120kit.fleet import router
+    from sm120kit.node.checks.imports import SERVER
+
+    return ((python, SERVER),) + (((python, router.MODULE),) if profile and profile.fleet is not None else ())
+
+
+def off(options: DoctorOptions, profile: Profile | None) -> dict[str, str]:
+    """The checks of serve's preflight that doctor cannot run here, with why (said as SKIP):
+    what --site gives no interpreter for; what reads this machine, not the copied node (the
+    ports and the API key only where a profile names them)."""
+    skipped = {} if options.python else {"imports": "--site names no interpreter to ask; give --python EXE"}
+    if options.elsewhere:
+        mine = ["stale processes"] + (["ports"] if profile else [])
+        mine += ["api key"] if profile and profile.server.api_key_env else []
+        skipped |= dict.fromkeys(mine, f"{options.elsewhere} describes another node: this machine's are not its")
+    return skipped

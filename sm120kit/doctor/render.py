@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sm120kit import report
 from sm120kit.doctor.command import DoctorReport
-from sm120kit.node import render
+from sm120kit.node import registry, render
 from sm120kit.node.check import Status
 from sm120kit.node.nvml_schema import NvmlDocument
 
@@ -33,7 +33,10 @@ def text(doctor_report: DoctorReport, width: int | None) -> str:
     verdict = f"{r.count(Status.FAIL)} failed, {r.count(Status.WARN)} warning(s)"
     if r.can_serve:
         verdict += ": this node can serve" + (f" {r.profile}" if r.profile else "")
-    return "\n".join([*lines, "", verdict])
+        unchecked = [c.id for c in r.checks if c.status is Status.SKIP and c.id in registry.PREFLIGHT]
+        if unchecked:  # said, so that "can serve" claims no more than was looked at
+            verdict += f" (serve's {', '.join(unchecked)} not checked here)"
+    return "\n".join([*lines, "", report.wrap(verdict, width)])
 
 
 def matrix(nvml: NvmlDocument, numa: dict[int, int | None] | None = None) -> str:

@@ -5,6 +5,7 @@ router's port), then the fleet in the foreground until a stop signal or giving u
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from sm120kit.endpoint import probe_host
@@ -26,19 +27,31 @@ SHARED_CHECKS = ("api key", "imports", "patches", "stale processes")  # once for
 REPLICA_CHECKS = ("gpus", "ports")  # for each replica served here
 
 
-def run_preflight(fleet: FleetLaunch, target: Target, options: ServeOptions) -> preflight.Preflight:
+def run_preflight(
+    fleet: FleetLaunch,
+    target: Target,
+    options: ServeOptions,
+    on_this_node: bool = True,
+    off: Mapping[str, str] | None = None,
+) -> preflight.Preflight:
+    """The fleet's preflight; without on_this_node (a dry run, profile check) the checks of
+    the profile and the serving environment alone, as preflight.run's."""
     from sm120kit.node import registry, snapshot
 
     node = snapshot.live(target, pairs=False)
-    off = preflight.skipped(options)
+    off = {**preflight.skipped(options), **(off or {})}
     profile = fleet.plan.profile
     here = fleet.plan.here if fleet.replicas else []
     checks = [Check("profile", Status.OK, _rendered(fleet))]
     # a router alone loads no patch, runs no sglang: its key and its own imports
     shared = [c for c in SHARED_CHECKS if here or c in ("api key", "imports")]
+    shared = [c for c in shared if on_this_node or c in registry.ANYWHERE]
     first = here[0].served_profile if here else profile
-    inputs = preflight.check_inputs(node, first, options, options.kill_stale, fleet.entry_points)
+    inputs = preflight.check_inputs(node, first, options, options.kill_stale and on_this_node, fleet.entry_points)
     checks += registry.run(tuple(shared), inputs, off)
+    sglang = next(iter(fleet.replicas.values())).sglang if fleet.replicas else ""
+    if not on_this_node:
+        return preflight.Preflight(profile.name, sglang, checks, list(fleet.warnings), {**node.env, **profile.env})
     for r in here:
         for c in registry.run(REPLICA_CHECKS, preflight.check_inputs(node, r.served_profile, options), off):
             checks.append(dataclasses.replace(c, id=f"{c.id} ({r.name})"))
@@ -50,7 +63,6 @@ def run_preflight(fleet: FleetLaunch, target: Target, options: ServeOptions) -> 
         taken = {port: f"{r.name}'s {what}" for r in here for what, _, port in port_plan(r.served_profile)}
         taken |= {port: f"the router's {what}" for what, _, port in fleet.router_ports}
         checks.append(preflight.metrics_port(options.metrics_port, profile.server.host, taken))
-    sglang = next(iter(fleet.replicas.values())).sglang if fleet.replicas else ""
     return preflight.Preflight(profile.name, sglang, checks, list(fleet.warnings), {**node.env, **profile.env})
 
 

@@ -41,6 +41,7 @@ from sm120kit.fleet.machine import (
     StopMembers,
 )
 from sm120kit.fleet.member import OUTPUT
+from sm120kit.followup import complete
 from sm120kit.serve import procs
 from sm120kit.serve.clock import SYSTEM_CLOCK, Clock
 from sm120kit.serve.host import LocalHost
@@ -93,7 +94,7 @@ class Fleet:
 
     def say(self, text: str) -> None:
         at = time.strftime("%H:%M:%S", time.localtime(self.clock.time()))
-        self.out.write(f"[fleet {at}] {text}\n")
+        self.out.write(f"[fleet {at}] {complete(text)}\n")  # a command it names, for this serve
         self.out.flush()
 
     # -- the loop ----------------------------------------------------------------------

@@ -5,45 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sm120kit.errors import UserError
 from sm120kit.node.check import Check, Status
 from sm120kit.node.checks import gpus, imports, known_failures, nccl, patches, serving, software, system
-from sm120kit.node.snapshot import Snapshot
+from sm120kit.node.inputs import CheckInputs
 
 if TYPE_CHECKING:
-    from sm120kit.profiles.model import Profile
-
-
-@dataclass(frozen=True)
-class CheckInputs:
-    """What the checks look at: the node, the profile (if any) and the command's choices."""
-
-    node: Snapshot
-    profile: Profile | None = None
-    patch_dirs: tuple[str, ...] = ()
-    patch_ids: tuple[str, ...] | None = None  # must be in place; None: survey every known patch
-    allow_missing: frozenset[str] = frozenset()
-    allowed_failures: frozenset[str] = frozenset()  # --allow-known-failure ids
-    capability: str | None = None  # --capability: the node a launch is judged for
-    kill_stale: bool = False
-    # What the stale-process and ports checks read, supplied by the command that runs them
-    # (serve), so that the node never imports serve: the process scan, stop and port probes
-    # (sm120kit.serve.procs), and the run records (sm120kit.serve.rundir.runs).
-    processes: object | None = None
-    runs: Callable[[], list[dict]] | None = None
-    debug: bool = False  # --debug: a check that crashes raises, with its traceback
-    running: frozenset[str] = frozenset()  # the ids run together (set by run())
-    nccl: nccl.Request | None = None  # doctor --nccl; None: not asked
-    # (python, module) of each program serve starts as `python -m MODULE`: what the imports check reads
-    entry_points: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def server_env(self) -> dict[str, str]:
-        """The server's environment: ours, with the profile's on top."""
-        return {**self.node.env, **(self.profile.env if self.profile else {})}
+    pass
 
 
 CHECKS: dict[str, Callable[[CheckInputs], Check | None]] = {
@@ -69,6 +39,7 @@ CHECKS: dict[str, Callable[[CheckInputs], Check | None]] = {
     "disk": software.disk,
     "api key": serving.api_key,
     "imports": imports.imports,
+    "port plan": serving.port_clash,
     "stale processes": serving.stale_processes,
     "ports": serving.ports,
 }
@@ -94,8 +65,20 @@ DOCTOR = (
     "jit cache",
     "nvcc",
     "disk",
+    # serve's preflight, every check of it (those it shares are above): one verdict on a start
+    "api key",
+    "imports",
+    "port plan",
+    "stale processes",
+    "ports",
 )
-PREFLIGHT = ("api key", "imports", "patches", "stale processes", "gpus", "ports")  # serve's, in this order
+# What a launch must pass, in the order serve runs them (serve, serve --check). Those of the
+# profile and the serving environment alone (ANYWHERE) are run by every command that judges
+# a launch: serve --dry-run, profile check, bench's plan, doctor; the rest read this node
+# (its environment, processes, GPUs, ports) and run where the command is about this node.
+PREFLIGHT = ("api key", "imports", "patches", "port plan", "stale processes", "gpus", "ports")
+ANYWHERE = ("imports", "patches", "port plan")
+THIS_NODE = tuple(c for c in PREFLIGHT if c not in ANYWHERE)
 BENCH = ("software", "patches")  # recorded with the results: versions and each patch's outcome
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import textwrap
 
 from sm120kit import report
+from sm120kit.followup import complete
 from sm120kit.node.check import Check, Status
 
 MARK = {Status.OK: "ok  ", Status.WARN: "WARN", Status.FAIL: "FAIL", Status.SKIP: "skip", Status.INFO: "info"}
@@ -18,8 +19,8 @@ def table(checks: list[Check], width: int | None) -> str:
 
 
 def fixes(checks: list[Check], width: int | None) -> list[str]:
-    """ "id: fix" for each check that needs one."""
-    return [fill(c.fix, width, f"  {c.id}: ", " " * 4) for c in checks if c.status in NEEDS_FIX and c.fix]
+    """ "id: fix" for each check that needs one (a command in it spelled for this invocation)."""
+    return [fill(complete(c.fix), width, f"  {c.id}: ", " " * 4) for c in checks if c.status in NEEDS_FIX and c.fix]
 
 
 def listing(checks: list[Check], width: int | None) -> list[str]:
@@ -29,7 +30,7 @@ def listing(checks: list[Check], width: int | None) -> list[str]:
     for c in checks:
         lines.append(fill(c.detail, width, f"  {MARK[c.status]} {c.id}: ", " " * 7))
         if c.fix and c.status is not Status.OK:
-            lines.append(fill(c.fix, width, "       -> ", " " * 10))
+            lines.append(fill(complete(c.fix), width, "       -> ", " " * 10))
     return lines
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from sm120kit.patching import planning, transaction, writing
 from sm120kit.patching.ledger import FileEntry, ReadOnly, sha256
 from sm120kit.patching.planning import FileChange, Plan
-from sm120kit.patching.revert import unrecorded_rows
 from sm120kit.patching.spec import Outcome, Patch
 from sm120kit.patching.verdicts import WILL_REBUILD
 from sm120kit.target import Target, reinstall_command
@@ -29,7 +28,7 @@ def apply(
     then drop the JIT caches built from the old sources. Returns the plan, with the written
     findings (would-apply, and outdated revisions rebuilt) turned into applied. A read-only
     environment is fine as long as there is nothing to write."""
-    sites = {d.site for p in patches if (d := target.find(p.package))}
+    sites = planning.ledger_sites(target, patches)
     try:
         with writing.locked(target, sites, patches) as recovered:
             result = planning.plan(target, patches, force, allow_missing=allow_missing, tolerate_damage=False)
@@ -38,7 +37,9 @@ def apply(
                 _write_plan(result, keep_jit_cache)
     except ReadOnly:
         result = planning.plan(target, patches, force, allow_missing=allow_missing, tolerate_damage=False)
-        if not (result.errors or result.blockers) and (result.changes or result.drop or result.allowances):
+        if not (result.errors or result.blockers) and (
+            result.changes or result.drop or result.allowances or result.relearned
+        ):
             raise
     return result
 
@@ -50,12 +51,18 @@ def _write_plan(result: Plan, keep_jit_cache: bool) -> None:
         _record(result, change)
     for (site, patch_id), allowance in result.allowances.items():
         result.ledgers[site].allow_missing(patch_id, allowance)
-    if result.changes or result.drop or result.allowances:
+    for relearned in result.relearned:
+        result.ledgers[relearned.site].record(relearned.key, relearned.entry)
+    if result.changes or result.drop or result.allowances or result.relearned:
         writes = [
             transaction.FileWrite(c.dist.site, c.dist.name, c.relpath, c.abspath, c.before, c.after)
             for c in result.changes
         ]
         writing.write(result.ledgers, writes, "patch")
+        for stale in result.stale:
+            stale.forgotten = True
+        for relearned in result.relearned:
+            relearned.recorded = True
     warnings, removed = writing.drop_jit_caches({c.dist for c in result.changes}, keep_jit_cache)
     result.warnings += warnings
     result.jit_cache_removed += removed
@@ -103,13 +110,20 @@ def verify(target: Target, patches: list[Patch]) -> list[str]:
         for f in result.findings
         if f.is_error or f.outcome in (Outcome.WOULD_APPLY, Outcome.OUTDATED)
     ]
-    problems += result.blockers
-    problems += [row.detail for row in unrecorded_rows(target, result)]
+    problems += result.blockers  # patched code without a ledger entry included (planning's unrestorable)
+    problems += [f"{r.key}: no ledger entry (it was lost): `sm120kit patch` records it again" for r in result.relearned]
     for ledger in result.ledgers.values():
         for key, entry in ledger.files.items():
             dist = target.find(entry.package)
             path = dist.file(entry.path) if dist else None
-            if dist is None or path is None or not path.exists() or sha256(path.read_bytes()) != entry.patched_sha256:
+            if dist is None or path is None:
+                problems.append(
+                    f"{key}: {entry.package} is not installed any more: "
+                    "a stale ledger entry (`sm120kit patch` forgets it)"
+                )
+            elif not path.exists():
+                problems.append(f"{key}: the file sm120kit patched is gone (removed outside sm120kit)")
+            elif sha256(path.read_bytes()) != entry.patched_sha256:
                 problems.append(f"{key}: the bytes on disk are not the ones sm120kit recorded")
             elif ledger.backup(entry.vendor_sha256) is None:
                 problems.append(

@@ -16,7 +16,9 @@ state that a later `sm120kit status` in the running container reads; pip leaves 
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import csv
 import datetime as _dt
 import errno
 import hashlib
@@ -30,60 +32,18 @@ from pathlib import Path
 from sm120kit import __version__, shallow_json
 from sm120kit.atomic_write import TMP_SUFFIX, write_atomic
 from sm120kit.errors import UserError
+from sm120kit.patching.ledger_entries import FileEntry, TunedEntry
 
 STATE_DIR = ".sm120kit"
 # 2 adds `tuned` and `moe_config_dirs`. A ledger without them is still written as 1, so that
 # an older sm120kit keeps reading it; one with them says "upgrade sm120kit" there, not "damaged".
 SCHEMA = 2
 SCHEMAS = (1, 2)
-# Where tune-moe may write: a table in a configs/triton_*/ directory, below sglang's MoE
-# layers in the package, or at the top of a config dir ($SGLANG_MOE_CONFIG_DIR).
-TABLE_IN_CONFIG_DIR = re.compile(r"configs/triton_[^/]+/E=[^/]+\.json")
-TABLE_IN_PACKAGE = re.compile(r"sglang/srt/layers/moe/(?:[^/]+/)+" + TABLE_IN_CONFIG_DIR.pattern)
 STATE_FILES = ("backups", "ledger.json", "journal.json", "lock")
-
-
-def is_table_path(path: str, root: str) -> bool:
-    """Whether `path` (relative to `root`: "package" or "config-dir") names a place where
-    tune-moe writes a config table, and nothing else."""
-    pattern = TABLE_IN_PACKAGE if root == "package" else TABLE_IN_CONFIG_DIR
-    return pattern.fullmatch(path) is not None
 
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-@dataclass
-class FileEntry:
-    package: str
-    version: str  # the package version the file was patched at
-    path: str  # relative to the package's install root
-    vendor_sha256: str  # the bytes before we wrote (the wheel's, when RECORD agrees)
-    patched_sha256: str  # the bytes we last wrote
-    patches: dict[str, int]  # patch id -> revision
-    patched_at: str = ""
-
-
-@dataclass
-class TunedEntry:
-    """A fused-MoE config table that `tune-moe` wrote where sglang looks it up."""
-
-    package: str  # "sglang": whose lookup reads it
-    version: str  # the sglang release it was tuned for (a shipped copy: copied from)
-    path: str  # relative to its root
-    root: str  # "package": the package's install root; "config-dir": the directory of this ledger
-    kind: str  # "tuned": timed on the node; "shipped": a copy of sglang's own table for this GPU
-    triton_version: str
-    device_name: str  # torch.cuda.get_device_name(), as sglang names the file after it
-    vendor_sha256: str  # the bytes it replaced (kept in backups/); "": there was no file
-    written_sha256: str  # the bytes we wrote
-    shape: dict | None = None  # MoeShape.to_json() of a tuned table
-    down: bool = False  # the down projection's table (`_down` in the name)
-    batch_sizes: list[int] = field(default_factory=list)
-    profile: str = ""  # `sm120kit tune-moe PROFILE` tunes it again
-    tuned_at: str = ""
-    installed_at: str = ""
 
 
 @dataclass
@@ -225,12 +185,17 @@ class Ledger:
         return data if sha256(data) == digest else None
 
     def collect_backups(self) -> None:
-        """Remove the backups no ledger entry needs (after a committed run)."""
+        """Remove the backups no ledger entry needs (after a committed run), but for the only
+        copy of a file's vendor bytes: one that a RECORD of this site lists for a file that
+        does not hold those bytes now (patched or removed, its ledger entry lost). `unpatch`
+        restores from it; once the file holds them again, it goes."""
         keep = {e.vendor_sha256 for e in self.files.values()} | {e.vendor_sha256 for e in self.tuned.values()}
         backups = self.state_dir / "backups"
         if backups.is_dir() and not backups.is_symlink():
-            for path in backups.iterdir():
-                if path.name not in keep and not path.name.endswith(TMP_SUFFIX):
+            orphans = [p for p in backups.iterdir() if p.name not in keep and not p.name.endswith(TMP_SUFFIX)]
+            needed = _only_copies(self.site, {p.name for p in orphans}) if orphans else set()
+            for path in orphans:
+                if path.name not in needed:
                     path.unlink(missing_ok=True)
 
     @contextlib.contextmanager
@@ -254,6 +219,40 @@ class Ledger:
             yield
         finally:
             lock.release()
+
+
+def _only_copies(site: Path, digests: set[str]) -> set[str]:
+    """The digests that a RECORD in `site` lists for a file (inside the site) that does not
+    hold those bytes now. A string search for each digest's RECORD spelling: no RECORD is
+    parsed whole (sglang's has 6,400 rows)."""
+    needles = {
+        ",sha256=" + base64.urlsafe_b64encode(bytes.fromhex(d)).rstrip(b"=").decode() + ",": d
+        for d in digests
+        if re.fullmatch(r"[0-9a-f]{64}", d)
+    }
+    needed: set[str] = set()
+    for record in site.glob("*.dist-info/RECORD"):
+        try:
+            text = record.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for needle, digest in needles.items():
+            at = text.find(needle)
+            while at >= 0 and digest not in needed:
+                row = next(csv.reader([text[text.rfind("\n", 0, at) + 1 : at + len(needle)]]))
+                relpath = row[0] if row else ""
+                inside = relpath and not relpath.startswith("/") and ".." not in relpath.split("/")
+                if inside and _sha256_of(site / relpath) != digest:
+                    needed.add(digest)
+                at = text.find(needle, at + 1)
+    return needed
+
+
+def _sha256_of(path: Path) -> str | None:
+    try:
+        return sha256(path.read_bytes())
+    except OSError:  # absent, or no file
+        return None
 
 
 class DamagedLedger(UserError):

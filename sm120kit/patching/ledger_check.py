@@ -15,7 +15,7 @@ from functools import cache
 from pathlib import Path
 
 from sm120kit.patching import cache as outcome_cache
-from sm120kit.patching.ledger import FileEntry, TunedEntry
+from sm120kit.patching.ledger_entries import FileEntry, TunedEntry
 
 Entries = tuple[dict[str, FileEntry], dict[str, dict], dict[str, TunedEntry], list[str]]
 
@@ -26,7 +26,10 @@ class Invalid(ValueError):
 
 @cache
 def _schema_digest() -> str:
-    return hashlib.sha256(Path(__file__).with_name("ledger_schema.py").read_bytes()).hexdigest()
+    # the schema and the table-path rule it applies (ledger_entries.py)
+    here = Path(__file__)
+    sources = (here.with_name("ledger_schema.py"), here.with_name("ledger_entries.py"))
+    return hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()
 
 
 def _key(raw: dict) -> str:

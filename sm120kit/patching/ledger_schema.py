@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from sm120kit.patching.ledger import is_table_path
+from sm120kit.patching.ledger_entries import is_table_path
 
 HEX64 = r"^[0-9a-f]{64}$"
 

@@ -13,14 +13,15 @@ from pathlib import Path
 
 from sm120kit.errors import UserError
 from sm120kit.patching import jit_cache, transaction
-from sm120kit.patching.ledger import DamagedLedger, Ledger, sha256
-from sm120kit.patching.spec import Outcome, Patch, Rewrite
+from sm120kit.patching.ledger import DamagedLedger, FileEntry, Ledger, sha256
+from sm120kit.patching.spec import MARKER, Outcome, Patch, Rewrite, marker_revisions
 from sm120kit.patching.transform import Finding
 from sm120kit.patching.verdicts import (
     FileState,
     Items,
     TargetFile,
     cached_verdicts,
+    entry_from_backup,
     judge_foreign,
     other_revisions,
     qualify,
@@ -38,6 +39,29 @@ class Lost:
     new_version: str
     patch_id: str
     path: str
+
+
+@dataclass
+class Stale:
+    """Ledger entries of a package that is not installed any more (`pip uninstall` leaves
+    sm120kit's state behind): nothing to restore; `patch` and `unpatch` forget them."""
+
+    package: str
+    version: str  # the release its files were patched at
+    ledger: Path  # the ledger.json that holds them
+    paths: list[str]
+    forgotten: bool = False  # `patch` dropped them
+
+
+@dataclass
+class Relearned:
+    """A patched file whose ledger entry was lost, its entry rebuilt from the backups
+    (verdicts.entry_from_backup): `patch` records it again."""
+
+    site: Path
+    key: str
+    entry: FileEntry
+    recorded: bool = False  # `patch` wrote it
 
 
 @dataclass
@@ -85,6 +109,8 @@ class Plan:
     # Patched files that `unpatch` could not give back (no ledger entry, no backup): what
     # `patch --verify` would fail on, so `status` fails on it too.
     unrestorable: list[str] = field(default_factory=list)
+    stale: list[Stale] = field(default_factory=list)  # entries of packages not installed (in `drop` too)
+    relearned: list[Relearned] = field(default_factory=list)
 
     @property
     def errors(self) -> list[Finding]:
@@ -110,10 +136,15 @@ class Plan:
         ]
         return [*self.damaged, *unfinished, *self.unrestorable]
 
+    @property
+    def state_pending(self) -> bool:
+        """Whether `patch` would change the ledger alone: forget stale entries, record lost ones."""
+        return any(not s.forgotten for s in self.stale) or any(not r.recorded for r in self.relearned)
+
     def exit_code(self, check: bool) -> int:
         if self.errors or self.blockers:
             return 2
-        if check and self.pending:
+        if check and (self.pending or self.state_pending):
             return 1
         return 0
 
@@ -155,10 +186,11 @@ def plan(
             result.findings += [  # when upstream fixed it is the patch's, installed or not
                 Finding(p, Outcome.NOT_APPLICABLE, f"{package} is not installed", fixed_in=p.fixed_in) for p in group
             ]
+            _stale_entries(result, package, options)
             continue
         installed += 1
         _plan_package(result, dist, group, options)
-    if patches and not installed:
+    if patches and not installed and not result.stale:
         names = sorted(by_package)
         missing = f"{names[0]} is not installed" if len(names) == 1 else f"none of {', '.join(names)} is installed"
         what = "nothing sm120kit patches is here" if len(names) > 1 else "nothing the chosen patches change is here"
@@ -168,6 +200,32 @@ def plan(
             "or try the whole cycle without a GPU: sm120kit try",
         )
     return result
+
+
+def ledger_sites(target: Target, patches: list[Patch]) -> set[Path]:
+    """The sites whose ledgers a run over `patches` reads and writes: where their packages
+    are installed, and for a package that is not, every site of the target that holds a
+    ledger (its entries there are stale)."""
+    sites: set[Path] = set()
+    for package in {p.package for p in patches}:
+        dist = target.find(package)
+        sites |= {dist.site} if dist else {s for s in target.site_dirs if Ledger(s).path.exists()}
+    return sites
+
+
+def _stale_entries(result: Plan, package: str, options: _Options) -> None:
+    """The ledger entries of `package`, which is not installed: stale, for `patch` to drop."""
+    for site in result.target.site_dirs:
+        if not Ledger(site).path.exists():
+            continue
+        ledger = _ledger(result, site, options.tolerate_damage)
+        entries = {key: e for key, e in ledger.files.items() if e.package == package}
+        if not entries:
+            continue
+        versions = sorted({e.version for e in entries.values()})
+        paths = sorted(e.path for e in entries.values())
+        result.stale.append(Stale(package, ", ".join(versions), ledger.path, paths))
+        result.drop += [(ledger, key) for key in entries]
 
 
 def _plan_package(result: Plan, dist: Distribution, group: list[Patch], options: _Options) -> None:
@@ -236,11 +294,14 @@ class _FilePlan:
     drop: str | None = None  # the key of its ledger entry, when that now describes vendor bytes
     change: FileChange | None = None
     unrestorable: list[str] = field(default_factory=list)
+    relearned: Relearned | None = None
 
 
 def _add_file(result: Plan, ledger: Ledger, file_plan: _FilePlan) -> None:
     result.findings += file_plan.findings
     result.lost += file_plan.lost
+    if file_plan.relearned is not None:
+        result.relearned.append(file_plan.relearned)
     if file_plan.drop is not None:
         result.drop.append((ledger, file_plan.drop))
     if file_plan.change is not None:
@@ -256,11 +317,14 @@ def _plan_file(
     try:
         before = path.read_bytes()
     except FileNotFoundError:
-        return _FilePlan(qualify(_absent(dist, relpath, path, items), dist, allowed))
+        return _FilePlan(qualify(_absent(dist, ledger, relpath, path, items), dist, allowed))
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}", "run as a user that can read the environment") from None
 
     file = TargetFile(dist, ledger, relpath, before, ledger.files.get(dist.key(relpath)))
+    relearned = _relearn(file, items)
+    if relearned is not None:  # from here on, the file is what sm120kit wrote, as its ledger would say
+        file = TargetFile(dist, ledger, relpath, before, relearned.entry)
     older = other_revisions(before, items)
     if older:
         after, findings = rebuild(file, items, older, options.need_bytes)
@@ -268,13 +332,15 @@ def _plan_file(
         after, findings = cached_verdicts(file, items, options.cache, options.need_bytes)
     if file.state is FileState.FOREIGN and not older:  # before qualify: no anchor-missing for a local edit
         judge_foreign(findings, file, options.force)
-    result = _FilePlan(qualify(findings, dist, allowed), unrestorable=_unrestorable(file, findings))
+    result = _FilePlan(qualify(findings, dist, allowed), unrestorable=_unrestorable(file, findings, items))
+    result.relearned = relearned
     entry = file.entry
     if entry and file.state is FileState.PRISTINE:  # an upgrade or reinstall put the vendor's bytes back
         result.lost = [Lost(dist.name, entry.version, dist.version, pid, entry.path) for pid in entry.patches]
         result.drop = dist.key(relpath)
     if after is None or after == before or any(f.is_error for f in findings):
         return result
+    result.relearned = None  # the change records the file's entry
     ours = file.state is FileState.OURS
     result.change = FileChange(
         dist,
@@ -287,10 +353,24 @@ def _plan_file(
     return result
 
 
-def _absent(dist: Distribution, relpath: str, path: Path, items: Items) -> list[Finding]:
+def _relearn(file: TargetFile, items: Items) -> Relearned | None:
+    """The rebuilt entry of a file that holds sm120kit's write but has no ledger entry (the
+    ledger was lost), when the backups prove it (verdicts.entry_from_backup)."""
+    if file.entry is not None or file.state is not FileState.FOREIGN:
+        return None
+    text = file.before.decode("utf-8", "replace")
+    in_place = [(p, r) for p, r in items if p.revision in marker_revisions(text, p.id)]
+    entry = entry_from_backup(file, in_place) if in_place else None
+    if entry is None or entry.patched_sha256 != file.digest:
+        return None
+    return Relearned(file.dist.site, file.dist.key(file.relpath), entry)
+
+
+def _absent(dist: Distribution, ledger: Ledger, relpath: str, path: Path, items: Items) -> list[Finding]:
     """The findings on a target file that is not there: removed by hand when the wheel's
     RECORD lists it (a local edit), else not in this release (the anchor moved)."""
-    if dist.recorded_sha256(relpath) is None:
+    recorded = dist.recorded_sha256(relpath)
+    if recorded is None:
         reason = f"{relpath} is absent from {dist.name} {dist.version} ({path})"
         return [Finding(p, Outcome.ANCHOR_MISSING, reason, dist.version, relpath, p.fixed_in_for(r)) for p, r in items]
     reason = f"{relpath} is in the wheel's RECORD but absent ({path}): it was removed outside sm120kit"
@@ -298,24 +378,45 @@ def _absent(dist: Distribution, relpath: str, path: Path, items: Items) -> list[
         f"reinstall {dist.name} {dist.version} to get the vendor's bytes back "
         f"({reinstall_command(dist.name, dist.version)}), then run `sm120kit patch`"
     )
+    if ledger.backup(recorded) is not None:  # what `unpatch` restores it from
+        reinstall = (
+            "`sm120kit unpatch` restores it from sm120kit's backup, which matches the wheel's RECORD, "
+            f"then run `sm120kit patch`; or {reinstall}"
+        )
     findings = [Finding(p, Outcome.FOREIGN_EDIT, reason, dist.version, relpath, p.fixed_in_for(r)) for p, r in items]
     for f in findings:
         f.hint = reinstall
     return findings
 
 
-def _unrestorable(file: TargetFile, findings: list[Finding]) -> list[str]:
+def _unrestorable(file: TargetFile, findings: list[Finding], items: Items) -> list[str]:
     """Why `unpatch` could not give back this file's vendor bytes (`patch --verify` fails on
-    the same): patched code that no ledger entry records, or an entry whose backup is gone."""
+    the same): patched code that no ledger entry records (and that the backups do not prove
+    sm120kit's: _relearn), or an entry whose backup is gone."""
     dist, entry = file.dist, file.entry
     reinstall = reinstall_command(dist.name, dist.version)
     if entry is None:
-        if any(f.outcome is Outcome.ALREADY_APPLIED for f in findings):
-            return [
-                f"{file.relpath}: patched code without a ledger entry, so `unpatch` cannot restore it; "
-                f"reinstall: {reinstall}"
+        if not any(f.outcome is Outcome.ALREADY_APPLIED for f in findings):
+            return []
+        recorded = dist.recorded_sha256(file.relpath)
+        text = file.before.decode("utf-8", "replace")
+        others = sorted({m["id"] for m in MARKER.finditer(text)} - {p.id for p, _ in items})
+        if recorded and file.ledger.backup(recorded) is not None and others:
+            return [  # what it holds cannot be told from the backup without them
+                f"{file.relpath}: patched code without a ledger entry; it also carries {', '.join(others)}, "
+                "which this run does not load: run without --only, or pass the --patch-dir that has it"
             ]
-        return []
+        if recorded and file.ledger.backup(recorded) is not None:
+            return [
+                f"{file.relpath}: patched code without a ledger entry, and not the bytes the patches in place "
+                "write on the vendor's (edited since, or an older revision), so nothing proves them sm120kit's "
+                "alone; the backup of the vendor's bytes matches the wheel's RECORD: `sm120kit unpatch --force` "
+                "restores them (an edit is lost), then run `sm120kit patch`"
+            ]
+        return [
+            f"{file.relpath}: patched code without a ledger entry, so `unpatch` cannot restore it; "
+            f"reinstall: {reinstall}"
+        ]
     stuck = any(f.stuck for f in findings)  # an outdated revision that says so already
     if file.state is FileState.OURS and not stuck and file.ledger.backup(entry.vendor_sha256) is None:
         return [

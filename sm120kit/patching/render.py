@@ -9,16 +9,19 @@ from __future__ import annotations
 import sys
 import textwrap
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from sm120kit.followup import complete
+from sm120kit.patching.ledger import Ledger
 from sm120kit.patching.spec import Outcome
 from sm120kit.report import NONE, OPEN, error_text, print_warnings, table, wrap
 
 if TYPE_CHECKING:  # `sm120kit patches` lists the patches: it need not load the planner
-    from sm120kit.patching.planning import Lost, Plan
+    from sm120kit.patching.planning import Lost, Plan, Relearned
     from sm120kit.patching.revert import Restore, Unpatched
     from sm120kit.patching.spec import Patch
     from sm120kit.patching.transform import Finding
@@ -149,10 +152,37 @@ def lost_messages(plan: Plan) -> list[str]:
     re-applied to one and not needed any more in another)."""
     messages: list[str] = []
     for lost in plan.lost:
-        message = f"{_lost_head(lost)}; {_lost_tail(lost, *_now(lost, plan.findings))}"
+        message = complete(f"{_lost_head(lost)}; {_lost_tail(lost, *_now(lost, plan.findings))}")
         if message not in messages:
             messages.append(message)
     return messages
+
+
+def state_messages(plan: Plan) -> list[str]:
+    """What `patch` changes in the ledger alone, one line each: the stale entries of a
+    package that is not installed any more, and the entries rebuilt from the backups."""
+    messages = []
+    for stale in plan.stale:
+        files = f"{len(stale.paths)} file{'' if len(stale.paths) == 1 else 's'}"
+        head = (
+            f"{stale.package} is not installed any more, but {stale.ledger} records {files} sm120kit patched in "
+            f"{stale.package} {stale.version}: stale entries, with nothing to restore"
+        )
+        messages.append(f"{head}; {'forgotten' if stale.forgotten else '`sm120kit patch` forgets them'}")
+    by_package: dict[tuple[Path, str, str], list[Relearned]] = {}
+    for relearned in plan.relearned:
+        entry = relearned.entry
+        by_package.setdefault((relearned.site, entry.package, entry.version), []).append(relearned)
+    for (site, package, version), found in by_package.items():
+        files = "1 file" if len(found) == 1 else f"{len(found)} files"
+        head = (
+            f"{Ledger(site).path} lost the entries of {files} sm120kit patched in {package} {version} "
+            f"({', '.join(r.entry.path for r in found)}), but its backups of their vendor bytes match the wheel's "
+            "RECORD, and each file holds what the patches in place write on them"
+        )
+        done = all(r.recorded for r in found)
+        messages.append(f"{head}; {'recorded again' if done else '`sm120kit patch` records them again'}")
+    return [complete(m) for m in messages]
 
 
 def _lost_head(lost: Lost) -> str:
@@ -205,22 +235,23 @@ def print_cache_notes(result: Plan | Unpatched, width: int | None = None) -> Non
 def print_plan(plan: Plan, debug: bool, width: int | None = None) -> None:
     print(wrap(f"target: {plan.target.description}", width))
     for problem in plan.blockers:
-        print(error_text(f"error: {problem}", wide=width is None), file=sys.stderr)
-    for message in lost_messages(plan):
+        print(error_text(f"error: {complete(problem)}", wide=width is None), file=sys.stderr)
+    for message in lost_messages(plan) + state_messages(plan):
         print(wrap(message, width))
     print_cache_notes(plan, width)
     print(findings_table(plan.findings, debug, width))
     for patch in {f.patch.id: f.patch for f in plan.findings if f.patch.upstream}.values():
         print(wrap(f"upstream of {patch.id}: {patch.upstream[0]}", width))  # all of them: `sm120kit patches`
     for hint in dict.fromkeys(f"{f.patch.id}: {f.hint}" for f in plan.errors if f.hint):
-        print(wrap(f"next: {hint}", width))
+        print(wrap(f"next: {complete(hint)}", width))
     if unproven := unproven_summary(plan):
         print(wrap(unproven, width))
 
 
 def _detail(f: Finding, debug: bool) -> str:
-    """The detail's first line, led by the unproven note where the outcome depends on it."""
-    detail = _first_line(f.detail, debug)
+    """The detail's first line, led by the unproven note where the outcome depends on it
+    (a command it names spelled for the running invocation)."""
+    detail = complete(_first_line(f.detail, debug))
     if f.unproven and not detail.startswith(f.unproven) and f.outcome.value not in ("fixed-upstream", "not-applicable"):
         return f"{f.unproven}" + (f"; {detail}" if detail else "")
     return detail
@@ -269,7 +300,9 @@ def plan_json(command: str, plan: Plan, code: int, extra: dict | None = None) ->
         "target": plan.target.as_json(),
         "results": [f.as_json() for f in plan.findings],
         "lost": [vars(x) for x in plan.lost],
-        "messages": lost_messages(plan),
+        "messages": lost_messages(plan) + state_messages(plan),
+        "stale": [{**vars(s), "ledger": str(s.ledger)} for s in plan.stale],
+        "relearned": [{"key": r.key, "path": r.entry.path, "recorded": r.recorded} for r in plan.relearned],
         "unproven": [f.as_json() for f in plan.unproven],
         "damaged": plan.damaged,
         "unrestorable": plan.unrestorable,
@@ -282,15 +315,17 @@ def plan_json(command: str, plan: Plan, code: int, extra: dict | None = None) ->
 
 
 def restore_table(rows: list[Restore], width: int | None = None) -> str:
-    """One row per file `unpatch` restores. Fitted to a width, the row names the patches and
-    the file and the detail follow on a line of their own; with --wide, one line, file first."""
+    """One row per file `unpatch` restores, headed as `status` heads its own (PATCH: the
+    patches of that file). Fitted to a width, the row names the patches and the file and
+    the detail follow on a line of their own; with --wide, one line, file first. The file
+    is said once: a detail never repeats it."""
     if width is None:
         return table(
-            ["FILE", "PACKAGE", "VERSION", "PATCHES", "OUTCOME", "DETAIL"],
-            [[r.path, r.package, r.version, ",".join(r.patch_ids), r.outcome.value, r.detail] for r in rows],
+            ["FILE", "PACKAGE", "VERSION", "PATCH", "OUTCOME", "DETAIL"],
+            [[r.path, r.package, r.version, ", ".join(r.patch_ids), r.outcome.value, r.detail] for r in rows],
         )
     return table(
-        ["PATCHES", "PACKAGE", "VERSION", "OUTCOME"],
+        ["PATCH", "PACKAGE", "VERSION", "OUTCOME"],
         [[", ".join(r.patch_ids), r.package, r.version, r.outcome.value] for r in rows],
         width,
         narrow=(0, 1, 2, 3),

@@ -1,10 +1,13 @@
 """`unpatch`: give back the vendor's bytes of every file the ledger says carries a patch.
 
 Each file is proven against RECORD (or, for an editable install, the bytes seen before
-patching); the file's other patches are re-applied to the original. Without --only, the
-changes of other commands that the ledger records go too, in the same transaction: the
-MoE config tables tune-moe installed, through the TrackedChange that sm120kit.tune.removal
-registers (patching imports no command). Nothing is written if any file cannot be restored.
+patching); the file's other patches are re-applied to the original. A file removed by hand
+comes back from the backup of the bytes RECORD lists; patched code whose ledger entry was
+lost, from that backup too (its entry rebuilt as planning rebuilds it); the entry of a
+package that is not installed any more only goes (stale). Without --only, the changes of
+other commands that the ledger records go too, in the same transaction: the MoE config
+tables tune-moe installed, through the TrackedChange that sm120kit.tune.removal registers
+(patching imports no command). Nothing is written if any file cannot be restored.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from pathlib import Path
 
 from sm120kit.patching import planning, transaction, transform, writing
 from sm120kit.patching.ledger import FileEntry, Ledger, ReadOnly, sha256
-from sm120kit.patching.planning import Plan, read_entry
+from sm120kit.patching.planning import read_entry
 from sm120kit.patching.spec import Outcome, Patch, Rewrite
+from sm120kit.patching.verdicts import TargetFile, entry_from_backup
 from sm120kit.target import Distribution, Target, reinstall_command
 
 
@@ -27,6 +31,7 @@ class RestoreOutcome(str, enum.Enum):
     RESTORED = "restored"
     WOULD_RESTORE = "would-restore"
     PRISTINE = "pristine"  # already the vendor's bytes: only the ledger entry goes
+    STALE = "stale"  # no installed file any more (uninstalled, gone in an upgrade): only the ledger entry goes
     FOREIGN_EDIT = "foreign-edit"
     NO_BACKUP = "no-backup"  # nothing to restore from (or to re-apply the other patches with)
 
@@ -101,7 +106,7 @@ def unpatch(
     Proven against RECORD (or, for an editable install, the bytes seen before patching).
     JIT caches built from the patched sources go too."""
     request = _Request(target, patches, only if only is not None else {p.id for p in patches}, force, only is None)
-    sites = {d.site for p in patches if p.id in request.wanted and (d := target.find(p.package))}
+    sites = planning.ledger_sites(target, [p for p in patches if p.id in request.wanted])
     if request.tables:
         for change in TRACKED:
             sites |= change.sites(target)
@@ -172,8 +177,8 @@ def _plan_unpatch(
         for key, entry in ledger.files.items()
         if set(entry.patches) & request.wanted
     ]
-    wanted = [p for p in request.patches if p.id in request.wanted]
-    rows = [p.row for _, _, p in planned] + _unrecorded(request.target, wanted, ledgers)
+    planned += _unrecorded(request, ledgers)
+    rows = [p.row for _, _, p in planned]
     for ledger, key, p in planned:
         if p.forget:
             ledger.files.pop(key, None)
@@ -191,47 +196,100 @@ def _plan_unpatch(
     return Unpatched(rows), ledgers, writes
 
 
-def _plan_restore(request: _Request, ledger: Ledger, entry: FileEntry) -> _FileRestore:
+def _plan_restore(request: _Request, ledger: Ledger, entry: FileEntry, lost: bool = False) -> _FileRestore:
+    """What unpatch does to the file of one ledger entry (`lost`: an entry rebuilt from the
+    backups, the ledger's own was lost: see _unrecorded)."""
     ids = sorted(set(entry.patches) & request.wanted)
     dist = request.target.find(entry.package)
-    row = Restore(entry.package, dist.version if dist else "-", entry.path, ids, RestoreOutcome.WOULD_RESTORE)
+    row = Restore(entry.package, dist.version if dist else entry.version, entry.path, ids, RestoreOutcome.WOULD_RESTORE)
     path = _entry_file(ledger, entry, [request.by_id[i] for i in ids], dist)
+    if dist is None or path is None:
+        row.outcome = RestoreOutcome.STALE
+        row.detail = f"{entry.package} is not installed any more: nothing to restore; the ledger entry goes"
+        return _FileRestore(row, forget=True)
     current = read_entry(ledger, path)
-    recorded = dist.recorded_sha256(entry.path) if dist else None
-    digest = sha256(current) if current is not None else None
-    if path is None or digest is None or digest in (recorded, entry.vendor_sha256):  # no path: no file, no digest
+    if current is None:
+        return _restore_removed(request, ledger, entry, ids, row, dist, path)
+    recorded = dist.recorded_sha256(entry.path)
+    digest = sha256(current)
+    if digest in (recorded, entry.vendor_sha256):
         row.outcome, row.detail = RestoreOutcome.PRISTINE, "already the vendor's bytes (reinstalled or upgraded)"
         return _FileRestore(row, forget=True)
     if digest != entry.patched_sha256 and not request.force:
         row.outcome = RestoreOutcome.FOREIGN_EDIT
-        row.detail = f"{entry.path} changed since sm120kit wrote it; pass --force to restore the original anyway"
+        row.detail = (
+            "no ledger entry (the ledger was lost), and not the bytes the patches in place write on the vendor's, "
+            "so nothing proves them sm120kit's alone; pass --force to restore the original anyway (an edit is lost)"
+            if lost
+            else "changed since sm120kit wrote it; pass --force to restore the original anyway"
+        )
         return _FileRestore(row)
-    original, keep, problem = _original(request, ledger, entry, ids)
+    original, keep, problem = _original(request, ledger, entry, ids, entry.vendor_sha256)
     if original is None:
         row.outcome, row.detail = RestoreOutcome.NO_BACKUP, problem
         return _FileRestore(row)
     new = transform.run_rewrites(original, keep, entry.version, entry.path)[0] if keep else original
     write = transaction.FileWrite(ledger.site, entry.package, entry.path, path, current, new)
+    why = "no ledger entry (the ledger was lost); its backup " if lost else ""  # + "matches the wheel's RECORD"
     if new == original:
-        row.detail = _proof(sha256(new), recorded, entry.vendor_sha256)
+        row.detail = why + _proof(sha256(new), recorded, entry.vendor_sha256)
         return _FileRestore(row, write, forget=True)
     remaining = {p.id: p.revision for p, _ in keep}
-    row.detail = f"re-applied on the original: {', '.join(remaining)}"
+    row.detail = f"{why}re-applied on the original: {', '.join(remaining)}"
     return _FileRestore(row, write, entry=replace(entry, patched_sha256=sha256(new), patches=remaining))
 
 
+def _restore_removed(
+    request: _Request, ledger: Ledger, entry: FileEntry, ids: list[str], row: Restore, dist: Distribution, path: Path
+) -> _FileRestore:
+    """A file the ledger records that is gone. One the wheel's RECORD lists was removed by
+    hand: it comes back from the backup of the bytes RECORD names (the file's other patches
+    re-applied), the only copy sm120kit has; without that backup nothing is written, and the
+    backups stay. One RECORD does not list is no file of the installed release any more."""
+    recorded = dist.recorded_sha256(entry.path)
+    if recorded is None:
+        row.outcome = RestoreOutcome.STALE
+        row.detail = (
+            f"gone from {dist.name}'s source tree: nothing to restore; the ledger entry goes"
+            if dist.editable_root
+            else f"not a file of {dist.name} {dist.version} (its RECORD does not list it): "
+            "nothing to restore; the ledger entry goes"
+        )
+        return _FileRestore(row, forget=True)
+    if ledger.backup(recorded) is None:
+        row.outcome = RestoreOutcome.NO_BACKUP
+        row.detail = (
+            "removed outside sm120kit, and no backup holds the bytes the wheel's RECORD lists for it; "
+            f"reinstall: {reinstall_command(dist.name, dist.version)}"
+        )
+        return _FileRestore(row)
+    original, keep, problem = _original(request, ledger, entry, ids, recorded)
+    if original is None:  # another patch of the file cannot be re-applied
+        row.outcome, row.detail = RestoreOutcome.NO_BACKUP, f"removed outside sm120kit; {problem}"
+        return _FileRestore(row)
+    new = transform.run_rewrites(original, keep, dist.version, entry.path)[0] if keep else original
+    write = transaction.FileWrite(ledger.site, entry.package, entry.path, path, None, new)
+    row.detail = "removed outside sm120kit; its backup matches the wheel's RECORD"
+    if new == original:
+        return _FileRestore(row, write, forget=True)
+    remaining = {p.id: p.revision for p, _ in keep}
+    row.detail += f"; re-applied on it: {', '.join(remaining)}"
+    restored = replace(entry, vendor_sha256=recorded, patched_sha256=sha256(new), patches=remaining)
+    return _FileRestore(row, write, entry=restored)
+
+
 def _original(
-    request: _Request, ledger: Ledger, entry: FileEntry, ids: list[str]
+    request: _Request, ledger: Ledger, entry: FileEntry, ids: list[str], vendor_sha256: str
 ) -> tuple[bytes | None, list[tuple[Patch, Rewrite]], str]:
-    """(the vendor's bytes, the rewrites of the file's other patches to re-apply on them, "")
-    or (None, [], why they cannot be had)."""
-    original = ledger.backup(entry.vendor_sha256)
+    """(the vendor's bytes: the backup named `vendor_sha256`, the rewrites of the file's
+    other patches to re-apply on them, "") or (None, [], why they cannot be had)."""
+    original = ledger.backup(vendor_sha256)
     if original is None:
         reinstall = reinstall_command(entry.package, entry.version)
-        return None, [], f"the backup {entry.vendor_sha256[:12]} is missing or damaged; reinstall: {reinstall}"
+        return None, [], f"the backup {vendor_sha256[:12]} is missing or damaged; reinstall: {reinstall}"
     others = [i for i in entry.patches if i not in ids]
     if unknown := [i for i in others if i not in request.by_id]:
-        return None, [], f"{entry.path} also carries {', '.join(unknown)}, which is not loaded: pass its --patch-dir"
+        return None, [], f"it also carries {', '.join(unknown)}, which is not loaded: pass its --patch-dir"
     keep = [
         (request.by_id[i], r)
         for i in others
@@ -242,7 +300,7 @@ def _original(
         return (
             None,
             [],
-            f"{entry.path} also carries {', '.join(lost)}, which has no rewrite of it "
+            f"it also carries {', '.join(lost)}, which has no rewrite of it "
             f"for {entry.package} {entry.version}: unpatch them together",
         )
     return original, keep, ""
@@ -274,27 +332,43 @@ def _entry_file(ledger: Ledger, entry: FileEntry, patches: list[Patch], dist: Di
     return path
 
 
-def _unrecorded(target: Target, patches: list[Patch], ledgers: dict[Path, Ledger]) -> list[Restore]:
-    """Applied code with no ledger entry (the state was lost): nothing to restore from."""
-    result = planning.plan(target, patches, need_bytes=False)
-    result.ledgers.update(ledgers)
-    return unrecorded_rows(target, result)
-
-
-def unrecorded_rows(target: Target, result: Plan) -> list[Restore]:
-    """A no-backup row for each patched file of the plan that no ledger entry records."""
-    rows = []
+def _unrecorded(request: _Request, ledgers: dict[Path, Ledger]) -> list[tuple[Ledger, str, _FileRestore]]:
+    """Patched code with no ledger entry (the ledger was lost). Where the backups still hold
+    the bytes the wheel's RECORD lists for the file, the entry is rebuilt from them
+    (verdicts.entry_from_backup) and the file restored as any other; else nothing can
+    restore it. (the ledger, the entry's key, what unpatch does) per such file."""
+    result = planning.plan(request.target, request.patches, need_bytes=False)  # every patch: the file's others too
+    in_place: dict[tuple[str, str], list[Patch]] = {}
     for f in result.findings:
-        if f.outcome not in (Outcome.ALREADY_APPLIED, Outcome.OUTDATED) or f.path is None:
-            continue
-        dist = target.find(f.patch.package)
+        if f.outcome in (Outcome.ALREADY_APPLIED, Outcome.OUTDATED) and f.path is not None:
+            in_place.setdefault((f.patch.package, f.path), []).append(f.patch)
+    relearned = {r.key: r.entry for r in result.relearned}  # provably sm120kit's write
+    planned = []
+    for (package, relpath), found in in_place.items():
+        dist = request.target.find(package)
         assert dist is not None, "applied code is in an installed package"
-        ledger = result.ledgers.get(dist.site) or Ledger(dist.site)
-        if dist.key(f.path) in ledger.files:
-            continue
-        reinstall = reinstall_command(dist.name, dist.version)
-        detail = (
-            f"{f.path}: patched code without a ledger entry, so `unpatch` cannot restore it; reinstall: {reinstall}"
-        )
-        rows.append(Restore(dist.name, dist.version, f.path, [f.patch.id], RestoreOutcome.NO_BACKUP, detail))
-    return rows
+        ledger, key = ledgers.get(dist.site), dist.key(relpath)
+        if ledger is None or key in ledger.files or not {p.id for p in found} & request.wanted:
+            continue  # (no ledger loaded: the site of no wanted patch)
+        entry = relearned.get(key) or _entry_from_backup(ledger, dist, relpath, found)
+        if entry is None:
+            planned.append((ledger, key, _no_entry(request, dist, relpath, found)))
+        else:
+            planned.append((ledger, key, _plan_restore(request, ledger, entry, lost=True)))
+    return planned
+
+
+def _entry_from_backup(ledger: Ledger, dist: Distribution, relpath: str, found: list[Patch]) -> FileEntry | None:
+    """The entry of a file edited since it was patched (or outdated), rebuilt as planning
+    does for one that holds sm120kit's write: its patched digest is not the file's."""
+    current = read_entry(ledger, dist.file(relpath))
+    assert current is not None, "patched code was read from it"
+    items = [(p, r) for p in found for r in p.rewrites_to_run(dist.version) if r.path == relpath]
+    return entry_from_backup(TargetFile(dist, ledger, relpath, current, None), items)
+
+
+def _no_entry(request: _Request, dist: Distribution, relpath: str, found: list[Patch]) -> _FileRestore:
+    ids = sorted({p.id for p in found} & request.wanted)
+    reinstall = reinstall_command(dist.name, dist.version)
+    detail = f"patched code without a ledger entry, so `unpatch` cannot restore it; reinstall: {reinstall}"
+    return _FileRestore(Restore(dist.name, dist.version, relpath, ids, RestoreOutcome.NO_BACKUP, detail))

@@ -8,7 +8,8 @@ A run that writes (patch, unpatch) goes through `commit`, in this order, each st
      and the digest of the ledger the run will leave;
   3. the files, one atomic replace each;
   4. the ledger (one atomic replace: the commit point);
-  5. the journal is removed, then backups nothing refers to any more are collected.
+  5. the journal is removed, then backups nothing refers to any more are collected (but
+     the only copy of a file's vendor bytes: Ledger.collect_backups).
 
 A file may also be absent before (a config table tune-moe adds) or after (one unpatch
 removes): its digest in the journal is null, and the write is a create or an unlink.

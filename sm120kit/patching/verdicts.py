@@ -108,6 +108,30 @@ def _as_written(file: TargetFile, items: Items) -> bool:
     return all(p.revision in marker_revisions(text, p.id) for p, _ in items)
 
 
+# -- a lost ledger entry -------------------------------------------------------------------
+
+
+def entry_from_backup(file: TargetFile, in_place: Items) -> FileEntry | None:
+    """The ledger entry of a patched file whose entry was lost (the ledger deleted or moved
+    aside), rebuilt from the backups: when they still hold the bytes the wheel's RECORD
+    lists for the file, those are the vendor's, and the patches in place run on them give
+    sm120kit's write. The file holds other bytes when it was edited since (or carries an
+    older revision): then nothing proves them sm120kit's alone. None without such a backup."""
+    recorded = file.dist.recorded_sha256(file.relpath)
+    vendor = file.ledger.backup(recorded) if recorded else None
+    if recorded is None or vendor is None or not in_place:
+        return None
+    ours = transform.run_rewrites(vendor, in_place, file.dist.version, file.relpath)[0]
+    return FileEntry(
+        package=file.dist.name,
+        version=file.dist.version,
+        path=file.relpath,
+        vendor_sha256=recorded,
+        patched_sha256=sha256(ours),
+        patches={p.id: p.revision for p, _ in in_place},
+    )
+
+
 # -- outdated revisions --------------------------------------------------------------------
 
 
@@ -169,6 +193,14 @@ def _vendor_bytes(file: TargetFile, items: Items) -> tuple[bytes | None, str, st
     ours = file.state is FileState.OURS
     vendor = file.ledger.backup(entry.vendor_sha256) if entry and ours else None
     if entry is None:
+        recorded = dist.recorded_sha256(file.relpath)
+        if recorded and file.ledger.backup(recorded) is not None:  # sm120kit's alone, or edited since?
+            return (
+                None,
+                "no ledger entry for this file (the state was lost), so nothing proves its bytes are sm120kit's alone",
+                "`sm120kit unpatch --force` restores the vendor's bytes from the backup, which matches the wheel's "
+                "RECORD (an edit since is lost), then run `sm120kit patch`",
+            )
         return None, "no ledger entry for this file (the state was lost), so the vendor's bytes are gone", reinstall
     if not ours:
         return None, f"{file.relpath} changed since sm120kit wrote it", reinstall
@@ -256,7 +288,13 @@ def judge_foreign(findings: list[Finding], file: TargetFile, force: bool) -> Non
         elif f.outcome is Outcome.ANCHOR_MISSING:
             _foreign(f, f"{edited}, and the code the patch changes is not there: {f.detail}", reinstall)
         elif f.outcome is Outcome.ALREADY_APPLIED and file.entry is None:
-            f.detail = "marker found, but no ledger entry: the state was lost, so `unpatch` needs a reinstall"
+            recorded = dist.recorded_sha256(file.relpath)
+            f.detail = "marker found, but no ledger entry: the state was lost, " + (
+                "and the file is not what the patches in place write on the vendor's bytes, which sm120kit's "
+                "backup still holds: `sm120kit unpatch --force` restores them"
+                if recorded and file.ledger.backup(recorded) is not None
+                else "so `unpatch` needs a reinstall"
+            )
         elif f.outcome is Outcome.ALREADY_APPLIED and not rewritten:
             _foreign(
                 f,

@@ -8,12 +8,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import shlex
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from sm120kit.errors import UserError
 from sm120kit.patching import jit_cache, transaction
-from sm120kit.patching.ledger import Ledger, is_table_path
+from sm120kit.patching.ledger import Ledger
+from sm120kit.patching.ledger_entries import is_table_path
 from sm120kit.patching.spec import Patch
 from sm120kit.target import Distribution, Target
 
@@ -22,16 +24,21 @@ from sm120kit.target import Distribution, Target
 def locked(target: Target, sites: set[Path], patches: list[Patch]) -> Iterator[list[str]]:
     """The lock of every site, and first of all: finish what a killed run left there.
     Yields what the recovery did. A state directory left with nothing to restore goes
-    (after `unpatch` of the last patch, or a run that wrote nothing)."""
+    (after `unpatch` of the last patch, or a run that wrote nothing or was refused: one
+    that says "nothing was changed" leaves no lock file behind)."""
     declared = {(p.package, r.path) for p in patches for r in p.rewrites}
     with contextlib.ExitStack() as stack:
         recovered: list[str] = []
-        for site in sorted(sites):
-            stack.enter_context(Ledger(site).locked())
-            recovered += transaction.recover(site, functools.partial(resolve, target, declared, site))
-        yield recovered
-        for site in sorted(sites):  # still under the lock
-            _drop_unused_state(site)
+        held: list[Path] = []
+        try:
+            for site in sorted(sites):
+                stack.enter_context(Ledger(site).locked())
+                held.append(site)
+                recovered += transaction.recover(site, functools.partial(resolve, target, declared, site))
+            yield recovered
+        finally:
+            for site in held:  # still under the lock
+                _drop_unused_state(site)
 
 
 def _drop_unused_state(site: Path) -> None:
@@ -50,6 +57,7 @@ def _drop_unused_state(site: Path) -> None:
     if ledger.files or ledger.tuned or ledger.moe_config_dirs or ledger.allowed_missing:
         return
     with contextlib.suppress(OSError):
+        ledger.collect_backups()  # those of a run that failed before its journal (or only copies: they stay)
         (state / "backups").rmdir()  # only when empty
     if (state / "backups").exists():
         return
@@ -91,13 +99,23 @@ def write(ledgers: dict[Path, Ledger], writes: list[transaction.FileWrite], op: 
 def _check_writable(paths: list[Path]) -> None:
     """Refuse before writing anything. A file without write bits was made read-only on
     purpose (an image layer, a pinned install): honour that even when running as root."""
-    blocked = [p for p in paths if not _writable(p)]
+    blocked = dict.fromkeys(_read_only_part(p) for p in paths if not _writable(p))
     if blocked:
-        listing = ", ".join(f"{p} (mode {_existing(p).stat().st_mode & 0o777:04o})" for p in blocked)
+        listing = ", ".join(f"{p} (mode {p.stat().st_mode & 0o777:04o}{why})" for p, why in blocked)
+        chmod = shlex.join(["chmod", "u+w", *(str(p) for p, _ in blocked)])
         raise UserError(
             f"read-only: {listing}; nothing was changed",
-            "make the files writable (chmod u+w) or patch where the environment is built",
+            f"make them writable ({chmod}) or patch where the environment is built",
         )
+
+
+def _read_only_part(path: Path) -> tuple[Path, str]:
+    """What makes `path` unwritable: the file (no write bits), or the directory that holds
+    it or would (a new file goes in beside the old one). (that path, what it is to `path`)"""
+    if path.exists() and not path.stat().st_mode & 0o222:
+        return path, ""
+    directory = _existing(path.parent)
+    return directory, f", the directory {'of' if directory == path.parent else 'above'} {path.name}"
 
 
 def _writable(path: Path) -> bool:

@@ -166,7 +166,7 @@ def check_version(profile: Profile, version: str) -> list[str]:
     if any(Version(version) < Version(f) for f in floors):
         raise UserError(
             f"profile {profile.name} needs sglang {profile.sglang}; installed: {version}",
-            f"pip install -U 'sglang{profile.sglang}' (then sm120kit patch --verify)",
+            f"pip install -U 'sglang{profile.sglang}', then `sm120kit patch --verify`",
         )
     return [f"profile {profile.name} is proven on sglang {profile.sglang}; installed {version} is not in that range"]
 

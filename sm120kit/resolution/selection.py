@@ -84,11 +84,11 @@ class Selection:
             sets = " ".join(f"--set {s}" for s in self.way_out)
             flags = f" (sglang flags: {' '.join(_flags_for(self.way_out))})"
             how = "sglang's own resolution" if self.resolved_by_sglang else "the kernel table"
-            hint = f"add {sets}{flags}, which {how} finds clean; or start anyway with {ids}"
+            hint = f"add {sets}{flags}, which {how} finds clean; or allow it anyway with {ids}"
         elif any(j.choice.partition("=")[0] in SETTINGS for j in refused):
-            hint = f"choose another backend for the slot named above, or start anyway with {ids}"
+            hint = f"choose another backend for the slot named above, or allow it anyway with {ids}"
         else:  # the model's architecture, or a switch no profile key sets, dispatches it
-            hint = f"no profile setting avoids it on this release; start anyway with {ids}"
+            hint = f"no profile setting avoids it on this release; allow it anyway with {ids}"
         if known:
             hint += "; or: " + "; ".join(j.fix() for j in known)
         return UserError("\n".join(lines), hint)

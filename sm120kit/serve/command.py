@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +17,7 @@ from sm120kit.errors import UserError
 from sm120kit.exit_codes import ExitCode
 from sm120kit.profiles.render import EnvRef, Launch
 from sm120kit.serve import preflight
+from sm120kit.serve.options import ServeOptions
 from sm120kit.serve.rundir import ENV_VAR, RunRecord, serve_root
 
 if TYPE_CHECKING:
@@ -29,18 +29,6 @@ if TYPE_CHECKING:
     from sm120kit.target import Target
 
 KEY_FILE = "api-key.yaml"  # the API key for sglang's --config, in the private run directory
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    patch_dirs: tuple[str, ...] = ()
-    allow_missing: frozenset[str] = frozenset()  # patch ids whose missing anchor may start anyway
-    patch_check: bool = True
-    gpu_check: bool = True
-    kill_stale: bool = False  # stop the stale sglang processes the preflight finds
-    echo: bool = True  # the server's log on our output as it is written (--quiet: not)
-    debug: bool = False  # a check that crashes raises (its traceback), rather than failing
-    metrics_port: int | None = None  # the supervisor's state for Prometheus on 127.0.0.1:PORT/metrics
 
 
 def resolve_argv(

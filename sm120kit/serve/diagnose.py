@@ -1,4 +1,7 @@
-"""Match a server log's tail against known SM120 failure signatures (signatures.toml)."""
+"""Match a server log's tail against known SM120 failure signatures (signatures.toml).
+A line is matched without its escape sequences (a coloured line matches as a plain one), and
+what a diagnosis quotes of it is shown as a terminal would read it (textcheck.printable):
+nothing in a log recolours the terminal or sets its title."""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import BinaryIO
+
+from sm120kit.textcheck import printable, without_escapes
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -29,6 +34,7 @@ class Signature:
     title: str
     advice: str
     lookup: dict
+    example: str  # a line a log would hold, which the pattern matches: what an operator is shown of it
     restart: bool = True  # false: a restart cannot mend it (the environment is incomplete)
 
 
@@ -51,7 +57,13 @@ def signatures(path: Path = SIGNATURES) -> tuple[Signature, ...]:
     doc = tomllib.loads(path.read_text())
     found = [
         Signature(
-            s["id"], re.compile(s["pattern"]), s["title"], s["advice"], s.get("lookup", {}), s.get("restart", True)
+            s["id"],
+            re.compile(s["pattern"]),
+            s["title"],
+            s["advice"],
+            s.get("lookup", {}),
+            s["example"],
+            s.get("restart", True),
         )
         for s in doc["signature"]
     ]
@@ -66,8 +78,12 @@ def _survey_signatures(taken: set[str]) -> list[Signature]:
             f.id,
             f.pattern,
             f"{f.title} ({f.package} {f.affected}, {f.status})",
-            f"{f.advice}" + (f"; or avoid it: {f.avoid}" if f.avoid else "") + f"; upstream {f.upstream[0]}",
+            # (only a user's own entry can come without advice: the shipped survey's all have it)
+            (f.advice or "an entry of your own known-failures survey")
+            + (f"; or avoid it: {f.avoid}" if f.avoid else "")
+            + f.tracked(first=True),
             {},
+            f.shown_symptom or "",
         )
         for f in load_survey(validate_patches=False).failures
         if f.pattern is not None and f.id not in taken
@@ -111,17 +127,19 @@ def diagnose(log: str, tail_lines: int = 400) -> list[Diagnosis]:
     """Each known signature found in the last `tail_lines` lines, once, first match first;
     a line is one signature's (the first that matches it)."""
     found: dict[str, Diagnosis] = {}
-    for line in log.splitlines()[-tail_lines:]:
+    for raw in log.splitlines()[-tail_lines:]:
+        line = without_escapes(raw)
         for sig in signatures():
             if not (match := sig.pattern.search(line)):
                 continue
             if sig.id in found:
                 break
-            words = match.groupdict()
+            # what it quotes, its named groups too, reaches a terminal: no control character
+            words = {k: v if v is None else printable(v) for k, v in match.groupdict().items()}
             if sig.lookup:
                 value = words.get(sig.lookup["group"], "")
                 words["kernel"] = sig.lookup.get("values", {}).get(value, sig.lookup.get("default", ""))
             title, advice = sig.title.format(**words), sig.advice.format(**words)
-            found[sig.id] = Diagnosis(sig.id, title, advice, line.strip(), sig.restart)
+            found[sig.id] = Diagnosis(sig.id, title, advice, printable(line.strip()), sig.restart)
             break
     return list(found.values())

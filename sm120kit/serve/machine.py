@@ -21,6 +21,9 @@ through it, with a fake clock and a fake host.
     starting --probe 200, health.smoke--> (smoke) --passed--> ready
                                                   --failed--> stopping --stopped--> gave-up
                                                   --no answer--> (kill) as a hung server
+
+TRANSITIONS is that diagram as data: the machine moves only along it, and a move off it
+raises IllegalTransition (a bug of the machine or of what drives it, never a user's).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from sm120kit.serve.clock import Clock, duration
 from sm120kit.serve.diagnose import diagnose
 from sm120kit.serve.probe import HEALTH_PATH, ProbeResult
 from sm120kit.serve.status import EventKind, RunStatus
+from sm120kit.textcheck import printable, without_escapes
 
 if TYPE_CHECKING:
     from sm120kit.profiles.model import Health
@@ -43,6 +47,28 @@ PROGRESS_EVERY_S = 30.0  # a "still starting" line at least this often
 PHASE_QUIET_S = 5.0  # shard-by-shard progress: a line every few seconds is enough
 DEAD_STOP_TIMEOUT_S = 2.0  # what a dead launcher left gets SIGKILL this soon: nothing drains
 LOG_TAIL_LINES = 15  # of the log's end, in the event of a failed run
+
+# Where each status may go next (the diagram above). A failed run ends in backoff or gave-up
+# from wherever it was; a probe failing again keeps it unhealthy; a failed smoke's stop ends
+# as gave-up. The statuses only `ps` says (supervisor gone, damaged, unreadable) are never
+# the machine's.
+TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
+    RunStatus.LAUNCHING: frozenset({RunStatus.STARTING, RunStatus.STOPPED}),
+    RunStatus.STARTING: frozenset({RunStatus.READY, RunStatus.BACKOFF, RunStatus.GAVE_UP, RunStatus.STOPPING}),
+    RunStatus.READY: frozenset({RunStatus.UNHEALTHY, RunStatus.BACKOFF, RunStatus.GAVE_UP, RunStatus.STOPPING}),
+    RunStatus.UNHEALTHY: frozenset(
+        {RunStatus.READY, RunStatus.UNHEALTHY, RunStatus.BACKOFF, RunStatus.GAVE_UP, RunStatus.STOPPING}
+    ),
+    RunStatus.BACKOFF: frozenset({RunStatus.STARTING, RunStatus.STOPPED}),
+    RunStatus.STOPPING: frozenset({RunStatus.STOPPED}),
+    RunStatus.STOPPED: frozenset({RunStatus.GAVE_UP}),
+    RunStatus.GAVE_UP: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """The machine was told something its status cannot follow (started() while ready, a
+    stop signal after it stopped): a bug, said as an internal error, never a user's mistake."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +212,7 @@ class Machine:
     def __init__(self, spec: ServerSpec, policy: Policy, clock: Clock, log: str, events: str) -> None:
         self.spec, self.policy, self.clock = spec, policy, clock
         self.log, self.events = log, events  # the record's paths, for what is said
-        self.status = RunStatus.LAUNCHING  # as state.json says
+        self._status = RunStatus.LAUNCHING  # as state.json says; moved by _enter() alone
         self.attempt: Attempt | None = None  # the current start
         self.attempts = 0  # starts so far
         self.failures = 0  # consecutive failed runs: the crash-loop count
@@ -195,6 +221,16 @@ class Machine:
         self.probing = False  # a probe is out (of this start or of the one before)
         self.restart_at = 0.0  # in backoff: when the next start is due
         self.smoke_failed: str | None = None  # the smoke's summary, once one failed: the run ends
+
+    @property
+    def status(self) -> RunStatus:
+        return self._status
+
+    def _enter(self, status: RunStatus) -> None:
+        """Move to `status`, along TRANSITIONS only."""
+        if status not in TRANSITIONS[self._status]:
+            raise IllegalTransition(f"the serve machine cannot go from {self._status} to {status}")
+        self._status = status
 
     @property
     def starting(self) -> bool:
@@ -256,11 +292,11 @@ class Machine:
         return actions
 
     def started(self, pid: int, marker: str) -> list[Action]:
+        self._enter(RunStatus.STARTING)
         now = self.clock.monotonic()
         self.attempts += 1
         n = self.attempts
         self.attempt = Attempt(n, now, next_probe=now, next_note=now + PROGRESS_EVERY_S)
-        self.status = RunStatus.STARTING
         return [
             event(EventKind.STARTED, attempt=n, pid=pid, argv=self.spec.shown_argv, log=self.log),
             update(
@@ -307,7 +343,7 @@ class Machine:
         actions: list[Action] = [update(last_health=self._health(result))]
         if result.ok:
             if run.failures_in_row:
-                self.status = RunStatus.READY
+                self._enter(RunStatus.READY)
                 actions += [
                     update(status=RunStatus.READY),
                     Say(f"probe ok again after {run.failures_in_row} failure(s)"),
@@ -315,7 +351,7 @@ class Machine:
             run.failures_in_row = 0
             return actions
         run.failures_in_row += 1
-        self.status = RunStatus.UNHEALTHY
+        self._enter(RunStatus.UNHEALTHY)
         actions += [
             event(
                 EventKind.PROBE_FAILED,
@@ -333,7 +369,7 @@ class Machine:
 
     def _ready(self, run: Attempt, result: ProbeResult) -> list[Action]:
         run.ready_at = self.clock.monotonic()
-        self.status = RunStatus.READY
+        self._enter(RunStatus.READY)
         after = round(run.ready_at - run.started, 1)
         return [
             update(
@@ -379,7 +415,7 @@ class Machine:
             ok = ProbeResult(True, 200, "smoke passed", 0.0)
             return [record, update(phase="smoke passed"), Say(summary), *self._ready(run, ok)]
         self.smoke_failed = summary
-        self.status = RunStatus.STOPPING
+        self._enter(RunStatus.STOPPING)
         return [
             record,
             update(status=RunStatus.STOPPING, since=self.clock.time(), smoke=summary),
@@ -402,7 +438,8 @@ class Machine:
         assert run is not None and run.end is not None, "after_end follows the Kill of an ended start"
         end = run.end
         found = diagnose(log_tail)
-        last = [line for line in log_tail.replace("\r", "\n").splitlines() if line.strip()][-LOG_TAIL_LINES:]
+        lines = [line for line in map(without_escapes, log_tail.replace("\r", "\n").splitlines()) if line.strip()]
+        last = [printable(line) for line in lines[-LOG_TAIL_LINES:]]  # quoted onto a terminal
         when = (
             f"while starting ({run.phase})"
             if run.ready_at is None
@@ -446,7 +483,8 @@ class Machine:
             return self._give_up()
         delay = self.policy.backoff(self.failures)
         self.restarts += 1
-        self.status, self.restart_at = RunStatus.BACKOFF, now + delay
+        self._enter(RunStatus.BACKOFF)
+        self.restart_at = now + delay
         return [
             event(EventKind.RESTARTING, in_s=delay, failures=self.failures, limit=self.policy.max_restarts),
             update(status=RunStatus.BACKOFF, since=self.clock.time(), server_pid=None, restarts=self.restarts),
@@ -460,7 +498,7 @@ class Machine:
             update(status=RunStatus.STOPPING, since=self.clock.time()),
         ]
         if self.attempt is None:
-            self.status = RunStatus.STOPPED
+            self._enter(RunStatus.STOPPED)
             return [
                 *actions,
                 event(EventKind.STOPPED, clean=True, processes=0),
@@ -468,7 +506,7 @@ class Machine:
                 Say(f"stopped on {name}: no server was running"),
                 Exit(ExitCode.OK),
             ]
-        self.status = RunStatus.STOPPING
+        self._enter(RunStatus.STOPPING)
         return [
             *actions,
             Say(
@@ -483,7 +521,8 @@ class Machine:
     ) -> list[Action]:
         """What the stop left: clean only when no process, port or GPU memory of the run is."""
         clean = report.clean and not ports_taken and not on_gpu
-        self.status, self.attempt = RunStatus.STOPPED, None
+        self._enter(RunStatus.STOPPED)
+        self.attempt = None
         killed = f", {len(report.killed)} needed SIGKILL" if report.killed else ""
         if not ports_taken:
             ports = "ports " + ", ".join(str(port) for _, _, port in self.spec.ports) + " free"
@@ -510,7 +549,7 @@ class Machine:
         if report.left:
             actions.append(Say("LEFT RUNNING: " + "; ".join(p.line() for p in report.left)))
         if self.smoke_failed and clean:  # the run ends as a failed one: gave up, exit 1
-            self.status = RunStatus.GAVE_UP
+            self._enter(RunStatus.GAVE_UP)
             return [
                 *actions,
                 update(status=RunStatus.GAVE_UP, since=self.clock.time()),
@@ -532,7 +571,7 @@ class Machine:
         stop, exit ERROR, as a refused preflight does (a unit's RestartPreventExitStatus=2
         does not start it again)."""
         self.attempt = None
-        self.status = RunStatus.GAVE_UP
+        self._enter(RunStatus.GAVE_UP)
         why = "; ".join(d.title for d in found)
         return [
             event(EventKind.GAVE_UP, failures=self.failures + 1, deaths=list(self.deaths), restart=False, reason=why),
@@ -546,7 +585,7 @@ class Machine:
         ]
 
     def _give_up(self) -> list[Action]:
-        self.status = RunStatus.GAVE_UP
+        self._enter(RunStatus.GAVE_UP)
         return [
             event(EventKind.GAVE_UP, failures=self.failures, deaths=list(self.deaths)),
             update(status=RunStatus.GAVE_UP, since=self.clock.time(), server_pid=None),

@@ -13,7 +13,8 @@ Every metric carries the labels profile (the profile served), member ("replica-0
     sm120kit_up                        gauge    1: the member's supervisor is alive and its
                                                 server process is running (started, not
                                                 exited); 0 otherwise, and for a member whose
-                                                state.json is not written yet or is damaged.
+                                                state.json is not written yet or cannot be
+                                                read (damaged, unreadable).
     sm120kit_ready                     gauge    1: up, and its status is "ready" (it generates
                                                 and its probes pass); 0 otherwise.
     sm120kit_status                    gauge    one sample per status, label status: 1 for the
@@ -22,7 +23,9 @@ Every metric carries the labels profile (the profile served), member ("replica-0
                                                 backoff, stopping, stopped, gave-up, as the
                                                 supervisor writes them; "supervisor gone" (its
                                                 supervisor died without stopping: as `ps` says),
-                                                "damaged" (state.json unreadable), "absent"
+                                                "damaged" (state.json is no record a supervisor
+                                                writes), "unreadable" (state.json cannot be
+                                                read: its permissions, an I/O error), "absent"
                                                 (no state.json yet).
     sm120kit_restarts_total            counter  restarts of the member's server by this
                                                 supervisor (state.json's "restarts"); it goes
@@ -49,9 +52,9 @@ Every metric carries the labels profile (the profile served), member ("replica-0
                                                 and gpus ("0,1": the NVML indices it may use).
                                                 (The text format 0.0.4 types it gauge.)
 
-While a member's state.json is absent or damaged it has up 0, ready 0, its status and its
-member_info (url and gpus empty), and no other sample: a damaged file is never an error of
-the scrape.
+While a member's state.json is absent, damaged or unreadable it has up 0, ready 0, its
+status and its member_info (url and gpus empty), and no other sample: such a file is never
+an error of the scrape.
 """
 
 from __future__ import annotations
@@ -114,6 +117,8 @@ def _read(member: Member) -> _Seen:
         return _Seen(member, None, ABSENT, False, False)
     except DamagedRecord:
         return _Seen(member, None, str(RunStatus.DAMAGED), False, False)
+    except OSError:  # its permissions, an I/O error: the record may be sound
+        return _Seen(member, None, str(RunStatus.UNREADABLE), False, False)
     alive = _supervisor_alive(state)
     status = state["status"]
     if not alive and status not in TERMINAL:
@@ -242,7 +247,10 @@ class MetricsServer:
 
     def __init__(self, httpd: _Server, host: str) -> None:
         self._httpd = httpd
-        self._thread = threading.Thread(target=httpd.serve_forever, name="sm120kit-metrics", daemon=True)
+        # shutdown() waits for the loop's next look at its flag: every 0.05 s, not the default 0.5 s
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="sm120kit-metrics", daemon=True
+        )
         self._closed = False
         self.host = host
         self.port: int = httpd.server_address[1]  # the one bound (port 0 asks for a free one)

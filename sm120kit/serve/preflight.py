@@ -1,12 +1,17 @@
 """Before a start: is this node ready for the profile? The profile's own line (it renders
-for the installed sglang), then the node's preflight checks (sm120kit.node.registry:
-API key, the server's imports, patches, stale processes, GPUs, ports). The caller refuses
-to start while any check failed. Nothing here changes the node, except --kill-stale, which
-stops the stale sglang processes it found (and says which)."""
+for the installed sglang), then the preflight checks (sm120kit.node.registry.PREFLIGHT:
+API key, the server's imports, patches, the profile's ports each its own, stale processes,
+GPUs, ports free). The caller refuses to start while any check failed. The commands that
+judge a launch without starting it (serve --dry-run, profile check, bench's plan) run the
+same list, less the checks of this node (on_this_node=False), so that their verdict is the
+start's. Nothing here changes the node, except --kill-stale, which stops the stale sglang
+processes it found (and says which)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,7 +26,7 @@ if TYPE_CHECKING:
     from sm120kit.node.snapshot import Snapshot
     from sm120kit.profiles.model import Profile
     from sm120kit.profiles.render import EntryPoints, Launch
-    from sm120kit.serve.command import ServeOptions
+    from sm120kit.serve.options import ServeOptions
     from sm120kit.serve.rundir import RunRecord
     from sm120kit.target import Target
 
@@ -41,6 +46,10 @@ class Preflight:
     @property
     def exit_code(self) -> ExitCode:
         return ExitCode.FINDINGS if self.failed else ExitCode.OK
+
+    def verdict_json(self) -> dict:
+        """The checks and the exit code, for a document of its own (a dry run's, profile check's)."""
+        return {"checks": [c.as_json() for c in self.checks], "exit_code": int(self.exit_code)}
 
     def as_json(self) -> dict:
         return {
@@ -81,22 +90,47 @@ def skipped(options: ServeOptions) -> dict[str, str]:
     return off | ({"gpus": "--no-gpu-check"} if not options.gpu_check else {})
 
 
-def run(profile: Profile, launch: Launch, target: Target, options: ServeOptions) -> Preflight:
+def run(
+    profile: Profile,
+    launch: Launch,
+    target: Target,
+    options: ServeOptions,
+    on_this_node: bool = True,
+    off: Mapping[str, str] | None = None,
+) -> Preflight:
+    """serve's checks of one server's start. on_this_node: the command is about this node (serve,
+    serve --check): every check; else (a dry run, profile check, bench's plan) those of the
+    profile and the serving environment alone (registry.ANYWHERE). off: checks that cannot
+    run, besides those the options turn off: id -> why (said as SKIP)."""
     node = snapshot.live(target, pairs=False)
-    inputs = check_inputs(node, profile, options, options.kill_stale, launch.entry_points)
+    inputs = check_inputs(node, profile, options, options.kill_stale and on_this_node, launch.entry_points)
+    told = "server.metrics_port" if options.metrics_port == profile.server.metrics_port else "--metrics-port"
+    inputs = dataclasses.replace(inputs, metrics_port=options.metrics_port, metrics_from=told)
     warned = f" ({len(launch.warnings)} warning(s) above)" if launch.warnings else ""
     rendered = Check("profile", Status.OK, f"renders for sglang {launch.sglang}{warned}")
-    checks = [rendered, *registry.run(registry.PREFLIGHT, inputs, skipped(options))]
-    if options.metrics_port is not None:
-        from sm120kit.node.checks.serving import port_plan
-
-        taken = {port: what for what, _, port in port_plan(profile)}
-        checks.append(metrics_port(options.metrics_port, profile.server.host, taken))
+    ids = registry.PREFLIGHT if on_this_node else registry.ANYWHERE
+    checks = [rendered, *registry.run(ids, inputs, {**skipped(options), **(off or {})})]
     return Preflight(profile.name, launch.sglang, checks, list(launch.warnings), inputs.server_env)
 
 
+def would_refuse(checked: Preflight, width: int | None, wide: bool = False) -> None:
+    """A dry run's word on stderr (serve --dry-run, profile check) on the checks it ran: a
+    warning for each that warns, and for those that failed, that the start would be
+    refused, each with its fix."""
+    warned = [c for c in checked.checks if c.status is Status.WARN]
+    report.print_warnings([f"{c.id}: {c.detail}" + (f" (next: {c.fix})" if c.fix else "") for c in warned], wide)
+    if checked.failed:
+        print(
+            f"sm120kit: serve would refuse to start {checked.profile}: "
+            f"{len(checked.failed)} preflight check(s) failed:",
+            *render.listing(checked.failed, width),
+            sep="\n",
+            file=sys.stderr,
+        )
+
+
 def require_imports(found: EntryPoints, env: dict[str, str], target: Target, wide: bool = False) -> None:
-    """The imports check outside a start (`serve --dry-run`, `render systemd`) of what a launch
+    """The imports check outside a start (`render systemd`, in the unit's interpreter) of what a launch
     starts (its `entry_points`, one server's or a fleet's): a UserError (exit 2) naming what
     the server imports and its interpreter lacks; a warning where it could not tell."""
     from sm120kit.errors import UserError

@@ -87,13 +87,13 @@ def run_state(doc: object) -> dict:
 
 
 def read_run_state(path: Path) -> dict:
-    """path (a state.json) as run_state() reads it. FileNotFoundError where there is none;
-    DamagedRecord where it cannot be read or is not a record the supervisor writes."""
+    """path (a state.json) as run_state() reads it. OSError where it cannot be read (none
+    there, or its permissions: the file may be sound); DamagedRecord where its bytes are not
+    a record the supervisor writes."""
+    data = path.read_bytes()
     try:
-        return run_state(shallow_json.loads(path.read_text()))
-    except FileNotFoundError:
-        raise
-    except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON, not the schema
+        return run_state(shallow_json.loads(data))
+    except ValueError as exc:  # not UTF-8, not JSON, not the schema
         raise DamagedRecord(path, problems(exc)) from exc
 
 

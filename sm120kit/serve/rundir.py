@@ -17,7 +17,6 @@ from typing import Any
 import psutil
 
 from sm120kit import shallow_json
-from sm120kit.errors import problems
 from sm120kit.serve.record_schema import DamagedRecord, read_run_state, run_status
 from sm120kit.serve.status import TERMINAL, EventKind, RunStatus
 
@@ -174,13 +173,17 @@ def runs() -> list[dict]:
         try:
             state = read_run_state(path)
         except (OSError, DamagedRecord) as exc:  # reported, never skipped: `ps` must not say "nothing served"
+            if isinstance(exc, DamagedRecord):
+                status, error = RunStatus.DAMAGED, str(exc)
+            else:  # it could not be read: the record may be sound
+                status, error = RunStatus.UNREADABLE, f"{path}: {exc.strerror or exc}"
             found.append(
                 {
                     "profile": str(path.parent.relative_to(root)),
-                    "status": RunStatus.DAMAGED,
+                    "status": status,
                     "running": False,
                     "dir": str(path.parent),
-                    "error": str(exc) if isinstance(exc, DamagedRecord) else f"{path}: {problems(exc)}",
+                    "error": error,
                 }
             )
             continue

@@ -19,7 +19,8 @@ class RunStatus(str, Enum):
     GAVE_UP = "gave-up"  # the crash-loop limit
     # Said by `sm120kit ps`, never written by a supervisor:
     SUPERVISOR_GONE = "supervisor gone"  # killed without a chance to stop the server
-    DAMAGED = "damaged"  # state.json cannot be read
+    DAMAGED = "damaged"  # state.json is not a record as a supervisor writes it
+    UNREADABLE = "unreadable"  # state.json cannot be read: its permissions, an I/O error
 
     def __str__(self) -> str:  # a table cell or an f-string shows the word, not the member's name
         return self.value

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, BinaryIO, Protocol, TextIO
 import psutil
 
 from sm120kit.exit_codes import ExitCode
+from sm120kit.followup import complete
 from sm120kit.serve import procs
 from sm120kit.serve.clock import SYSTEM_CLOCK, Clock
 from sm120kit.serve.host import Host, LocalHost
@@ -160,6 +161,7 @@ class Supervisor:
         prefix = "\n" if self._line_open else ""
         self._line_open = False
         at = time.strftime("%H:%M:%S", time.localtime(self.clock.time()))
+        message = complete(message)  # a command it names, for the serve that runs (its --python, ...)
         self.out.write(f"{prefix}[sm120kit {at}] {message}\n")  # log lines in it are redacted already
         self.out.flush()
 

@@ -284,7 +284,7 @@ def _model_config(profile: Profile, given: Path | None) -> Path | None:
     """--model-config, else the profile's config.json (None: no [model] path, which
     moe_shape refuses). Where there is none: a profile known not to run its MoE on Triton
     says so first; otherwise the error names --model-config."""
-    from sm120kit.tune.model_config import find_model_config
+    from sm120kit.model_config import find_model_config
 
     try:
         if given is not None:

@@ -39,7 +39,8 @@ from pathlib import Path
 from sm120kit import shallow_json
 from sm120kit.errors import UserError
 from sm120kit.patching import transaction, writing
-from sm120kit.patching.ledger import Ledger, ReadOnly, TunedEntry, is_table_path, sha256
+from sm120kit.patching.ledger import Ledger, ReadOnly, sha256
+from sm120kit.patching.ledger_entries import TunedEntry, is_table_path
 from sm120kit.target import Distribution, Target
 from sm120kit.tune.installed import CHANGE, PACKAGE, InstalledTable, installed_table, read_table_file
 from sm120kit.tune.lookup import (

@@ -1,8 +1,8 @@
 """A profile's MoE as one GPU of the sglang server runs it, read from the model's config.json.
 
-config.json comes from a local directory or the Hugging Face cache (never the network: tune
-time may be offline). Its numbers and the profile's tp/ep, quantization and MoE runner give
-the shape sglang names its Triton fused-MoE config file after — or the reason sglang would
+config.json is found and read by sm120kit.model_config (a local directory or the Hugging
+Face cache, never the network). Its numbers and the profile's tp/ep, quantization and MoE
+runner give the shape sglang names its Triton fused-MoE config file after — or the reason sglang would
 not run this MoE on that kernel at all, in which case no tuned file would ever be read.
 
 The rules below restate sglang 0.5.9-0.5.23 (the file is named next to each rule);
@@ -19,8 +19,8 @@ from typing import cast
 
 from packaging.version import Version
 
-from sm120kit import shallow_json
 from sm120kit.errors import UserError
+from sm120kit.model_config import find_model_config, read_model_config
 from sm120kit.profiles.model import Profile
 from sm120kit.tune.shape import MoeShape
 
@@ -99,71 +99,6 @@ class NotTritonMoe(UserError):
             "sglang would not load Triton fused-MoE configs for it",
             hint,
         )
-
-
-# -- finding config.json ------------------------------------------------------------------
-
-
-def hub_cache(env: Mapping[str, str] = os.environ) -> Path:
-    """The Hugging Face hub cache as huggingface_hub resolves it."""
-    if env.get("HF_HUB_CACHE"):
-        return Path(env["HF_HUB_CACHE"]).expanduser()
-    if env.get("HUGGINGFACE_HUB_CACHE"):  # the older spelling, still honoured by huggingface_hub
-        return Path(env["HUGGINGFACE_HUB_CACHE"]).expanduser()
-    if env.get("HF_HOME"):
-        return Path(env["HF_HOME"]).expanduser() / "hub"
-    xdg = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
-    return xdg / "huggingface" / "hub"
-
-
-def _is_repo_id(model_path: str) -> bool:
-    parts = model_path.split("/")
-    return len(parts) == 2 and all(parts) and not model_path.startswith((".", "~"))
-
-
-def find_model_config(model_path: str, *, env: Mapping[str, str] = os.environ) -> Path:
-    """config.json of a local model directory, or of a repo id's snapshot in the Hugging Face
-    cache: the revision refs/main names, else the newest snapshot that has a config.json."""
-    local = Path(model_path).expanduser()
-    if local.is_dir():
-        if (local / "config.json").is_file():
-            return local / "config.json"
-        raise UserError(
-            f"no config.json in the model directory {local}",
-            "point [model] path at the directory that holds the checkpoint and its config.json",
-        )
-    if not _is_repo_id(model_path):
-        raise UserError(
-            f"model path {model_path!r} is neither a local directory nor a Hugging Face repo id (org/name)",
-            "set [model] path to the checkpoint's directory or its repo id",
-        )
-    repo = hub_cache(env) / f"models--{model_path.replace('/', '--')}"
-    snapshots = repo / "snapshots"
-    ref = repo / "refs" / "main"
-    if ref.is_file():
-        pinned = snapshots / ref.read_text().strip() / "config.json"
-        if pinned.is_file():
-            return pinned
-    found = sorted((p for p in snapshots.glob("*/config.json") if p.is_file()), key=lambda p: p.parent.stat().st_mtime)
-    if found:
-        return found[-1]
-    raise UserError(
-        f"no config.json for {model_path} in the Hugging Face cache (searched {snapshots}; "
-        "set HF_HUB_CACHE or HF_HOME if the cache lives elsewhere)",
-        f"huggingface-cli download {model_path} config.json (or set [model] path to a local directory)",
-    )
-
-
-def read_model_config(path: Path) -> dict:
-    try:
-        data = shallow_json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path} does not exist", "download the model's config.json, or pass its path") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UserError(f"{path} is not readable JSON: {exc}", "download the model's config.json again") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path} is not a model config (a JSON object)", "download the model's config.json again")
-    return data
 
 
 # -- the shape ------------------------------------------------------------------------------

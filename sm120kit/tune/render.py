@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from sm120kit import report
+from sm120kit.followup import complete
 
 if TYPE_CHECKING:  # `status` lists the installed tables: it need not load the tune-moe command
     from sm120kit.tune.command import TuneReport
@@ -101,11 +102,12 @@ def tuned_json(inventory: Inventory) -> dict:
 
 
 def print_tuned(inventory: Inventory, width: int | None = None) -> None:
-    """`status`: the MoE config tables tune-moe installed, after the patches."""
+    """`status`: the MoE config tables tune-moe installed, after the patches (a command
+    they name spelled for the running invocation)."""
     for problem in inventory.problems:
-        print(report.error_text(f"error: {problem}", wide=width is None), file=sys.stderr)
+        print(report.error_text(f"error: {complete(problem)}", wide=width is None), file=sys.stderr)
     for note in inventory.notes:
-        print(report.wrap(note, width))
+        print(report.wrap(complete(note), width))
     if inventory.tables:
         print()
         print(tuned_table(inventory.tables, width))
@@ -136,7 +138,7 @@ def tuned_table(tables: list[InstalledTable], width: int | None = None) -> str:
     if width is None:
         return report.table(
             [*headers, "GPU", "FILE", "NOTE"],
-            [[*r, t.entry.device_name, str(t.path), t.note] for r, t in zip(rows, tables)],
+            [[*r, t.entry.device_name, str(t.path), complete(t.note)] for r, t in zip(rows, tables)],
         )
-    notes = [f"{t.entry.device_name}: {t.path}: {t.note}" for t in tables]
+    notes = [f"{t.entry.device_name}: {t.path}: {complete(t.note)}" for t in tables]
     return report.table(headers, rows, width, narrow=(0,), notes=notes)

@@ -141,7 +141,10 @@ def test_required_patches_are_verified_before_a_start(serve, env_python):
         "FAIL patches: not in place: sglang-dsa-page-table-guard: would-apply; sglang-triton-smem-sm120: would-apply"
         in out.stdout
     )
-    assert "-> run `sm120kit patch --verify`; or `sm120kit serve --no-patch-check` to start anyway" in out.stdout
+    assert (  # each step for this environment and this profile, as it was changed
+        f"-> run `sm120kit patch --verify --python {env_python}`; or `sm120kit serve glm5-nvfp4 --no-patch-check "
+        f"--python {env_python} --set server.port={s.port}` to start anyway" in out.stdout
+    )
     try:
         patched = subprocess.run(
             [sys.executable, "-m", "sm120kit", "patch", "--python", str(env_python)],
@@ -431,8 +434,9 @@ def test_serve_check_and_dry_run_say_it_too(no_numpy, cli, state):
     argv = ["serve", "standin", "--profile-dir", PROFILES, "--python", no_numpy, "--no-gpu-check"]
     code, out, _ = cli(*argv, "--check", "--set", f"server.port={free_port()}")
     assert code == ExitCode.FINDINGS and "FAIL imports:" in out and "'numpy'" in said(out)
-    code, out, err = cli(*argv, "--dry-run")
-    assert (code, out) == (ExitCode.ERROR, "") and "no module named 'numpy'" in said(err) and "Traceback" not in err
+    code, out, err = cli(*argv, "--dry-run")  # the command printed, and what the start would refuse (issue 31)
+    assert code == ExitCode.FINDINGS and "-m sglang.launch_server" in out and "Traceback" not in err
+    assert "serve would refuse to start standin" in said(err) and "no module named 'numpy'" in said(err)
 
 
 def test_a_complete_environment_passes_and_says_what_it_read(cli, state, tmp_path):

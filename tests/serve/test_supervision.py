@@ -29,7 +29,18 @@ from sm120kit.node import nvml
 from sm120kit.node.nvml_schema import Gpu
 from sm120kit.profiles.model import Health
 from sm120kit.serve import procs
-from sm120kit.serve.machine import Kill, Machine, Policy, Probe, Say, ServerSpec, Spawn, Update
+from sm120kit.serve.machine import (
+    TRANSITIONS,
+    IllegalTransition,
+    Kill,
+    Machine,
+    Policy,
+    Probe,
+    Say,
+    ServerSpec,
+    Spawn,
+    Update,
+)
 from sm120kit.serve.probe import ProbeResult
 from sm120kit.serve.rundir import RunRecord
 from sm120kit.serve.status import TERMINAL, EventKind, RunStatus
@@ -622,6 +633,27 @@ def test_the_machine_ignores_an_answer_for_an_earlier_start():
     assert machine.status is S.BACKOFF and machine.tick() == [Spawn()]
     machine.started(2000, "fake:2")
     assert machine.probe_done(1, OK) == [] and machine.status is S.STARTING and not machine.probing
+
+
+def test_a_move_off_the_diagram_is_a_bug_and_moves_nothing():
+    """Before, the machine took whatever it was told: a second started() without the end of
+    the first went from starting to starting, a stop signal after the stop from stopped to
+    stopped, and the record said so. Now each raises (an internal error: the supervisor records
+    it and stops the server) and the status stays where it was."""
+    machine = Machine(SPEC, POLICY, FakeClock(), "server.log", "events.jsonl")
+    machine.started(1000, "fake:1")
+    with pytest.raises(IllegalTransition, match="from starting to starting"):
+        machine.started(2000, "fake:2")
+    assert machine.status is S.STARTING and machine.attempts == 1
+    machine.signalled("SIGTERM")
+    machine.stopped(procs.StopReport(), [], None, None)
+    assert machine.status is S.STOPPED
+    with pytest.raises(IllegalTransition, match="from stopped to stopped"):
+        machine.signalled("SIGTERM")
+    assert machine.status is S.STOPPED
+    with pytest.raises(AttributeError):
+        machine.status = S.READY  # moved by the machine alone
+    assert set(TRANSITIONS) == set(S) - {S.SUPERVISOR_GONE, S.DAMAGED, S.UNREADABLE}  # the ones `ps` says
 
 
 def test_statuses_and_kinds_are_written_as_the_strings_they_always_were(tmp_path):

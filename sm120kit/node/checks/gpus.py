@@ -9,7 +9,7 @@ from sm120kit.node.check import Check, Status
 from sm120kit.node.nvml_schema import Gpu, visible
 
 if TYPE_CHECKING:
-    from sm120kit.node.registry import CheckInputs
+    from sm120kit.node.inputs import CheckInputs
     from sm120kit.node.snapshot import Snapshot
     from sm120kit.profiles.model import Profile
 

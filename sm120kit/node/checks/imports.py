@@ -6,7 +6,8 @@ imports load torch). A package it lacks fails the check: the server would die at
 import on every start, and no restart mends it.
 
 serve's preflight runs it (CheckInputs.entry_points: what a launch says it starts, its
-`entry_points`), `serve --dry-run` and `render systemd` through judge()."""
+`entry_points`), and so do doctor, `serve --dry-run`, `profile check` and bench's plan
+(sm120kit.serve.preflight); `render systemd` through judge()."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 from sm120kit.node.check import Check, Status
 
 if TYPE_CHECKING:
-    from sm120kit.node.registry import CheckInputs
+    from sm120kit.node.inputs import CheckInputs
     from sm120kit.target import Target
 
 ID = "imports"
@@ -31,6 +32,7 @@ PROBE = Path(__file__).resolve().parent.parent / "imports_probe.py"
 # What a module starts by default besides its own imports: sglang's launch_server imports
 # its HTTP server inside run_server (0.5.9-0.5.23), where a walk of module-level imports
 # does not look. Followed where it exists.
+SERVER = "sglang.launch_server"  # what `python -m` starts for one server (doctor's entry point, profile or not)
 ALSO = {"sglang.launch_server": ("sglang.srt.entrypoints.http_server",)}
 WHAT = {"sglang.launch_server": "sglang's server", "sglang_router.launch_router": "sglang's router"}
 DISTRIBUTION = {"sglang": "sglang", "sglang_router": "sglang-router"}  # a top-level package -> its distribution
@@ -41,7 +43,11 @@ def imports(inputs: CheckInputs) -> Check | None:
     """serve's preflight check; None where nothing is started with `python -m`."""
     if not inputs.entry_points:
         return None
-    return judge(inputs.entry_points, inputs.server_env, inputs.node.target)
+    target = inputs.node.target
+    found = inputs.entry_points
+    if target is not None and target.find("sglang") is None:  # no server to probe: the software check says so
+        found = tuple((python, module) for python, module in found if module != SERVER)
+    return judge(found, inputs.server_env, target) if found else None
 
 
 def judge(

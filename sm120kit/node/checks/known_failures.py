@@ -12,7 +12,7 @@ from sm120kit.errors import UserError
 from sm120kit.node.check import Check, Status
 
 if TYPE_CHECKING:
-    from sm120kit.node.registry import CheckInputs
+    from sm120kit.node.inputs import CheckInputs
 
 ID = "known failures"
 
@@ -36,7 +36,7 @@ def known_failures(inputs: CheckInputs) -> Check | None:
             ID,
             Status.FAIL,
             f"the profile does not render for sglang {dist.version}: {exc.message}",
-            f"sm120kit profile check {profile.name}",
+            f"`sm120kit profile check {profile.name}` says what does not fit",
         )
     node = presented_node(profile, inputs.capability)
     found = verdict.judge(profile, launch, target, node, inputs.patch_dirs, sorted(inputs.allowed_failures))

@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING
 
 from sm120kit.errors import UserError
 from sm120kit.node.check import Check, Status
+from sm120kit.node.inputs import NcclRequest
 
 if TYPE_CHECKING:
+    from sm120kit.node.inputs import CheckInputs
     from sm120kit.node.nvml_schema import Gpu
-    from sm120kit.node.registry import CheckInputs
     from sm120kit.node.snapshot import Snapshot
 
 ID = "nccl all-reduce"
@@ -63,18 +64,9 @@ FIX_HANG = (
 TRANSPORT = re.compile(r"Channel \S+ : \d+\[\S+\] -> \d+\[\S+\] (?:\[\S+\] )?via (\S+)")
 
 
-@dataclass(frozen=True)
-class Request:
-    """`doctor --nccl`: the interpreter that runs the worker, the GPU pair (NVML indices; None:
-    the farthest-linked pair) and each run's bound."""
-
-    python: str
-    gpus: tuple[int, int] | None = None
-    timeout_s: float = RUN_TIMEOUT_S
-    worker: Path = WORKER  # tests give the stand-in fixture
-
-
-def request(python: str | None, site: str | None, gpus: str | None, elsewhere: str | None, executable: str) -> Request:
+def request(
+    python: str | None, site: str | None, gpus: str | None, elsewhere: str | None, executable: str
+) -> NcclRequest:
     """The Request for doctor's --nccl/--nccl-gpus (bad input is a UserError). elsewhere: the option
     (--nvml, --root) that says doctor reads another node, where this node's NCCL proves nothing."""
     if elsewhere:
@@ -92,7 +84,7 @@ def request(python: str | None, site: str | None, gpus: str | None, elsewhere: s
         if len(parts) != 2 or not all(p.isdigit() for p in parts) or parts[0] == parts[1]:
             raise UserError(f"--nccl-gpus {gpus}: two different GPU indices are needed", "e.g. --nccl-gpus 0,4")
         pair = (int(parts[0]), int(parts[1]))
-    return Request(python or executable, pair, RUN_TIMEOUT_S, WORKER)
+    return NcclRequest(python or executable, pair, RUN_TIMEOUT_S, WORKER)
 
 
 # ----------------------------------------------------------------------------- one run
@@ -292,7 +284,7 @@ def farthest_pair(node: Snapshot, seen: list[Gpu]) -> tuple[list[Gpu], str]:
 
 
 def nccl_all_reduce(inputs: CheckInputs) -> Check:
-    asked: Request | None = inputs.nccl
+    asked: NcclRequest | None = inputs.nccl
     if asked is None:
         return Check(
             ID,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from sm120kit.node.check import Check, Status
 
 if TYPE_CHECKING:
-    from sm120kit.node.registry import CheckInputs
+    from sm120kit.node.inputs import CheckInputs
     from sm120kit.patching.planning import Plan
     from sm120kit.target import Target
 

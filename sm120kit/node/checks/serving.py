@@ -1,25 +1,34 @@
 """What a server start needs from the node: its API key in the environment, no stale
-sglang process holding the GPUs, and every port it will bind free. Nothing here changes
+sglang process holding the GPUs, and every port it will bind free; and of the profile
+alone, that no two of those ports are the same (port_clash). Nothing here changes
 the node, except the stale-process check with kill_stale (--kill-stale), which stops the
 stale processes it found and says which. The processes and the run records come from the
 caller (CheckInputs.processes and .runs): serve's, which node does not import."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from sm120kit.endpoint import bad_key_char
 from sm120kit.errors import UserError
 from sm120kit.node.check import Check, Status
 
 if TYPE_CHECKING:
-    from sm120kit.node.registry import CheckInputs
+    from sm120kit.node.inputs import CheckInputs
     from sm120kit.profiles.model import Profile
 
 ZMQ_TCP_PORT_DELTA = 233  # sglang server_args.py: dp-attention's ZMQ ports sit at --port + 233
 DP_ATTENTION_PORTS = 6  # dist_init_port, port_base, detokenizer, rpc, metrics, scheduler input
 STALE_STOP_TIMEOUT_S = 10.0
 MIN_KEY_LENGTH = 8  # shorter is no secret, and its text would turn up all over the log that sm120kit redacts
+METRICS_FIX = {  # how a command was told the metrics port, and how to give it another
+    "--metrics-port": "give the metrics a port of their own: `sm120kit serve --metrics-port N`",
+    "server.metrics_port": "give the metrics a port of their own (server.metrics_port in the profile); try one: "
+    "`sm120kit profile check --set server.metrics_port=N`",
+}
+PORT_FIX = "give each a port of its own (in the profile); try one: `sm120kit profile check --set server.port=N`"
+
+Given = TypeVar("Given")
 
 
 def port_plan(profile: Profile) -> list[tuple[str, str, int]]:
@@ -51,14 +60,69 @@ def _port(value: object, key: str, profile: Profile) -> int:
     return int(text)
 
 
-def ports(inputs) -> Check:  # (inputs.processes is serve's procs module: typed in a later pass)
-    procs = inputs.processes
-    plan = port_plan(inputs.profile)
-    taken = []
+def supervisor_ports(inputs: CheckInputs) -> list[tuple[str, str, int]]:
+    """(what, host, port) of what the supervisor binds beside the server: its metrics."""
+    if inputs.metrics_port is None or inputs.profile is None:
+        return []
+    return [(inputs.metrics_from, inputs.profile.server.host, inputs.metrics_port)]
+
+
+def port_clash(inputs: CheckInputs) -> Check | None:
+    """The ports the profile asks for, each its own (distinct_ports)."""
+    if inputs.profile is None:
+        return None
+    return distinct_ports(inputs.profile, inputs.metrics_port, inputs.metrics_from)
+
+
+def distinct_ports(
+    profile: Profile, metrics_port: int | None, metrics_from: str = "server.metrics_port"
+) -> Check | None:
+    """The server's ports (port_plan) and the supervisor's metrics port, each its own. A
+    property of the profile, not of the node: every command that judges a launch runs it
+    (serve, its dry run, profile check, bench's plan, doctor, render), as a clash fails every
+    start. None for a fleet (its plan checks its own ports), or where one port is all there is."""
+    if profile.fleet is not None:
+        return None
+    metrics = [(metrics_from, profile.server.host, metrics_port)] if metrics_port is not None else []
+    planned = [*port_plan(profile), *metrics]
+    if len(planned) < 2:
+        return None
+    owner: dict[int, str] = {}
+    clashes, of_metrics = [], False
+    for what, _, port in planned:
+        if port not in owner:
+            owner[port] = what
+        elif what == metrics_from:
+            of_metrics = True
+            clashes.append(f"{what} {port} is the server's too ({owner[port]})")
+        else:
+            clashes.append(f"{port} ({what}) is {owner[port]}'s too")
+    if clashes:
+        fix = METRICS_FIX.get(metrics_from, METRICS_FIX["--metrics-port"]) if of_metrics else PORT_FIX
+        return Check("port plan", Status.FAIL, "; ".join(clashes), fix)
+    return Check("port plan", Status.OK, "each its own: " + ", ".join(f"{p} ({what})" for what, _, p in planned))
+
+
+def given(value: Given | None, field: str) -> Given:
+    """What the command that runs a check must hand it (CheckInputs.processes, .runs): without
+    it the check cannot look, and that is the command's bug, not a finding about the node."""
+    if value is None:
+        raise TypeError(f"CheckInputs.{field} was not given: the command that runs this check must pass it")
+    return value
+
+
+def ports(inputs: CheckInputs) -> Check | None:
+    """None without a profile: no ports to look at (doctor without --profile)."""
+    if inputs.profile is None:
+        return None
+    procs = given(inputs.processes, "processes")
+    plan = [*port_plan(inputs.profile), *supervisor_ports(inputs)]
+    taken, metrics = [], False
     for what, host, port in plan:
         try:
             if procs.port_in_use(host, port):
                 taken.append(f"{port} ({what}) is held by {procs.port_holder(port)}")
+                metrics = metrics or what == inputs.metrics_from
         except OSError as exc:
             return Check(
                 "ports",
@@ -71,19 +135,20 @@ def ports(inputs) -> Check:  # (inputs.processes is serve's procs module: typed 
             "ports",
             Status.FAIL,
             "in use: " + "; ".join(taken),
-            "stop that process, or pick another port: --set server.port=N",
+            "stop that process, or pick another port: --set server.port=N"
+            + (f"; {METRICS_FIX.get(inputs.metrics_from, METRICS_FIX['--metrics-port'])}" if metrics else ""),
         )
     return Check("ports", Status.OK, "free: " + ", ".join(str(port) for _, _, port in plan))
 
 
-def stale_processes(inputs) -> Check:  # (as ports)
+def stale_processes(inputs: CheckInputs) -> Check:
     """sglang processes left from an earlier run: ours (the marker) whose supervisor is
     gone, and orphans (a scheduler whose launcher died: re-parented to PID 1 or to some
     subreaper). A healthy server someone else started is named and left alone; so is one
     whose supervisor lives: a run recorded here, or a live sm120kit as its parent (a fleet's
     router under its member supervisor, served from another state directory)."""
-    procs = inputs.processes
-    records = inputs.runs()
+    procs = given(inputs.processes, "processes")
+    records = given(inputs.runs, "runs")()
     serving = [r for r in records if r["running"]]  # profiles sm120kit serves right now
     live, supervisors = {r["marker"] for r in serving if r.get("marker")}, {r.get("supervisor_pid") for r in serving}
     # Ours and over: a run recorded here whose supervisor is gone. A marker this state
@@ -95,7 +160,7 @@ def stale_processes(inputs) -> Check:  # (as ports)
         for p in procs.scan(marker="", sglang=True)
         if (p.marker is None or p.marker not in live) and not procs.ancestors(p.pid) & supervisors
     ]
-    supervised = [p for p in unrecorded if getattr(p, "supervisor", None)]
+    supervised = [p for p in unrecorded if p.supervisor]
     found = [p for p in unrecorded if p not in supervised]
     stale = [p for p in found if p.marker in ended or p.orphan]
     others = [p for p in found if p not in stale]

@@ -12,7 +12,7 @@ from sm120kit.node.check import Check, Status
 from sm120kit.node.nvml_schema import visible
 
 if TYPE_CHECKING:
-    from sm120kit.node.registry import CheckInputs
+    from sm120kit.node.inputs import CheckInputs
 
 PACKAGES = ("torch", "sglang", "flashinfer-python", "triton")
 
@@ -72,12 +72,12 @@ def software(inputs: CheckInputs) -> Check:
             "pip install torch built for CUDA 12.8 or newer (cu128+)",
             data,
         )
-    if not found["sglang"]:
+    if not found["sglang"]:  # nothing to serve with: serve refuses such a target, doctor fails it
         return Check(
             "software",
-            Status.WARN,
-            detail + "; sglang is not installed here",
-            "install sglang, or point sm120kit at its environment with --python EXE",
+            Status.FAIL,
+            f"{detail}; sglang is not installed in {target.description}: there is no server to start",
+            "install sglang there, or point sm120kit at the serving environment: --python EXE",
             data,
         )
     return Check("software", Status.OK, detail, data=data)

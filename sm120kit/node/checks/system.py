@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from sm120kit.node.check import Check, Status
 
 if TYPE_CHECKING:
-    from sm120kit.node.registry import CheckInputs
+    from sm120kit.node.inputs import CheckInputs
 
 GIB = 1 << 30
 SHM_MIN = 1 * GIB  # below this sglang's shared-memory queues fail (docker's default is 64 MB)

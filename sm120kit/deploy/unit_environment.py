@@ -3,34 +3,48 @@
 that a unit whose serve would refuse at its start (exit 2, which the unit never retries)
 is refused here. Where that interpreter is not on this machine, or is not the serving
 environment (no sglang, and --python not given), the checks are not run and a warning says
-so plainly."""
+so plainly.
+
+The launch is judged as `profile check` judges it; that judgement is the cli's (it reads the
+command's options), so the cli hands it down (`judge`), and the warnings to print (`warn`)."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from sm120kit import report
+if TYPE_CHECKING:
+    from sm120kit.deploy import Deployment
+    from sm120kit.fleet.launch import FleetLaunch
+    from sm120kit.profiles.render import Launch
+    from sm120kit.target import Target
+
+# The launch of the profile rendered and judged for the serving environment (its python, its
+# target): a UserError where `serve` there would refuse it.
+Judge = Callable[[str, "Target"], "Launch | FleetLaunch"]
 
 
-def check_unit_environment(args, d, python: str | None, exe: tuple[str, ...]) -> None:
+def check_unit_environment(
+    d: Deployment, exe: tuple[str, ...], exe_given: bool, judge: Judge, warn: Callable[[list[str]], None]
+) -> None:
     """A UserError (exit 2, nothing printed) where `serve` of the unit would refuse: no
-    sglang (or sglang-router, for a fleet) in the environment --python names, a profile
+    sglang (or sglang-router, for a fleet) in the environment d.python names, a profile
     that does not render for its release, a known failure, a package the server imports
-    missing there. Warnings on stderr: the renderer's, and what could not be checked."""
-    from sm120kit.cli.profiles import render_for
+    missing there. Warnings through `warn`: the renderer's, and what could not be checked.
+    exe: how the unit runs sm120kit; exe_given: it was --sm120kit's."""
     from sm120kit.serve.preflight import require_imports
     from sm120kit.target import resolve_target
 
-    python, not_here = unit_python(python, exe, given_exe=args.sm120kit is not None)
+    python, not_here = unit_python(d.python, exe, exe_given)
     if python is None:
-        report.print_warnings([f"the serving environment was not checked: {not_here}"])
+        warn([f"the serving environment was not checked: {not_here}"])
         return
     target = resolve_target(python)
-    if args.python is None and target.find("sglang") is None:
-        report.print_warnings(
+    if d.python is None and target.find("sglang") is None:
+        warn(
             [
                 f"the serving environment was not checked: {python}, the python of the sm120kit the unit runs, "
                 f"has no sglang, and `sm120kit serve` there would refuse to start (next: name the serving "
@@ -38,9 +52,8 @@ def check_unit_environment(args, d, python: str | None, exe: tuple[str, ...]) ->
             ]
         )
         return
-    as_serve = argparse.Namespace(**{**vars(args), "python": python, "site": None})
-    launch = render_for(as_serve, d.profile, target)  # no sglang (sglang-router), flags, known failures
-    report.print_warnings(launch.warnings)
+    launch = judge(python, target)  # no sglang (sglang-router), flags, known failures
+    warn(launch.warnings)
     require_imports(launch.entry_points, {**os.environ, **d.profile.env}, target)
 
 
