@@ -562,7 +562,12 @@ def truth_cases(sites: Sites, tmp: Path) -> list[tuple]:
     cases: list[tuple] = []
     survey_dir = root / "survey-a-dir"
     (survey_dir / "known-failures.toml").mkdir(parents=True)
-    for argv in (["known-failures"], ["serve", "glm5-nvfp4", "--dry-run"], ["profile", "check", "glm5-nvfp4"]):
+    on_site = ["--site", sites.vendor]
+    for argv in (
+        ["known-failures"],
+        ["serve", "glm5-nvfp4", "--dry-run", *on_site],
+        ["profile", "check", "glm5-nvfp4", *on_site],
+    ):
         cases.append((f"{argv[0]}: known-failures.toml a directory", [*argv, "--patch-dir", survey_dir], {}, 2))
     a_file = root / "a-file"
     a_file.write_text("x\n")

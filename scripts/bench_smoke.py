@@ -45,7 +45,8 @@ def main() -> int:
     args = parser.parse_args()
 
     from sm120kit.quality import tasks
-    from sm120kit.quality.command import SmokeOptions, smoke
+    from sm120kit.quality.command import smoke
+    from sm120kit.quality.options import SmokeOptions
 
     server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
     try:

@@ -75,15 +75,15 @@ def main() -> int:
                 return 1
         planned = sum(line.split()[-1:] in (["runnable"], ["skipped"]) for line in done.stdout.splitlines())
 
-        from sm120kit.bench import variants
+        from sm120kit.bench import variant_plan, variant_reading
         from sm120kit.target import resolve_target
 
         target = resolve_target(str(python))
-        found = variants.vary_variants(VARY)
+        found = variant_reading.vary_variants(VARY)
         inside = []
         for _ in range(args.runs):
             began = time.perf_counter()
-            plan = variants.plan("glm5-nvfp4", None, [], found, target, str(python), "--vary")
+            plan = variant_plan.plan("glm5-nvfp4", None, [], found, target, str(python), "--vary")
             inside.append(time.perf_counter() - began)
     print(f"sglang {args.version}: {len(found)} variants (+ as-written), {planned} listed by the command")
     print(f"  the command (a fresh process), first run, cold flag-schema cache: {walls[0]:.3f} s")

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The GPU proof of tune-moe's timing: tune the Kimi-K2-class MoE shape on this machine's GPUs with
-the installed sglang's own fused-MoE kernel (sm120kit.tune.timing, the code tune-moe runs), then
-time sglang's default config against the tuned one per batch size in one worker run (replay about
-replay, median of many), and print the table and the cost of the tune with its projection to 8 GPUs.
+the installed sglang's own fused-MoE kernel (sm120kit.tune.timing and .compare, the code tune-moe
+runs), then time sglang's default config against the tuned one per batch size in one worker run
+(replay about replay, median of many), and print the table and the cost of the tune with its
+projection to 8 GPUs.
 
     python scripts/tune_moe_gpu_proof.py --dtype fp8_w8a8 --out OUT_DIR
     python scripts/tune_moe_gpu_proof.py --dtype bf16 --sample 200 --budget 400 --out OUT_DIR
@@ -31,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sm120kit.errors import UserError
-from sm120kit.tune import timing
+from sm120kit.tune import compare, timing
 from sm120kit.tune.shape import MoeShape
 from sm120kit.tune.space import search_space
 
@@ -122,7 +123,7 @@ def main() -> int:
         )
 
     best = tuned.best_configs()
-    compared = timing.compare_with_default(python, shape, best, gpus[0], repeats=args.repeats)
+    compared = compare.compare_with_default(python, shape, best, gpus[0], repeats=args.repeats)
     (args.out / f"compare-{args.dtype}.json").write_text(json.dumps([c.to_json() for c in compared], indent=1))
     print(f"\ndefault vs tuned, one worker run per table, {args.repeats} replays each, turn about (median):")
     print(f"{'batch':>6} {'default us':>11} {'tuned us':>9} {'speedup':>8}")

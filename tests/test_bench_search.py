@@ -533,7 +533,8 @@ def test_the_shipped_variants_file_is_found_by_name(env_python, tmp_path, monkey
 
 
 def test_vary_lists_make_the_cartesian_product_named_after_the_values():
-    from sm120kit.bench.variants import profile_snippet, split_values, vary_variants
+    from sm120kit.bench.variant_reading import split_values, vary_variants
+    from sm120kit.bench.variants import profile_snippet
 
     assert split_values('1, "a,b" ,[2,3],{ x = 1, y = 2 }') == ["1", '"a,b"', "[2,3]", "{ x = 1, y = 2 }"]
     found = vary_variants(["engine.max_running_requests=1024,2048", "engine.cuda_graphs=true,false"])

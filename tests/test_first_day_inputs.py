@@ -160,7 +160,7 @@ def test_a_replicas_node_is_a_host():
 
 def test_a_profiles_own_server_url_is_bracketed():
     from sm120kit.quality.client import Client
-    from sm120kit.quality.command import options_for
+    from sm120kit.quality.options import options_for
 
     options = options_for(load_profile("standin", [str(PROFILES)], ["server.host=::1"]), api_key=None)
     assert options.url == "http://[::1]:30000" == http_url("::1", 30000)

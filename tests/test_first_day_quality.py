@@ -34,8 +34,10 @@ from sm120kit.bench import analysis, search
 from sm120kit.bench.analysis import Level
 from sm120kit.exit_codes import ExitCode
 from sm120kit.quality import logprobs, tasks
+from sm120kit.quality.checks import answers_check, kind_needed
 from sm120kit.quality.client import Reply, assembled
-from sm120kit.quality.command import SmokeOptions, _answers, kind_needed, smoke
+from sm120kit.quality.command import smoke
+from sm120kit.quality.options import SmokeOptions
 
 # -- the stand-in's request side, in this process ------------------------------------------
 
@@ -110,9 +112,9 @@ def test_one_slip_in_a_kind_passes_and_two_do_not():
     right = [Reply(text=f" {t.answer}") for t in work]
     capitals = [i for i, t in enumerate(work) if t.kind is tasks.Kind.CAPITALS]
     one = [Reply(text=" I cannot say.") if i == capitals[0] else r for i, r in enumerate(right)]
-    assert _answers(work, one, SmokeOptions(url="http://127.0.0.1:1")).passed
+    assert answers_check(work, one, SmokeOptions(url="http://127.0.0.1:1")).passed
     two = [Reply(text=" I cannot say.") if i in capitals[:2] else r for i, r in enumerate(right)]
-    failed = _answers(work, two, SmokeOptions(url="http://127.0.0.1:1"))
+    failed = answers_check(work, two, SmokeOptions(url="http://127.0.0.1:1"))
     assert failed.data["right"] == 30 and not failed.passed and "capitals 1/3 right, 2 needed" in failed.detail
 
 

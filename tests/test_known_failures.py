@@ -219,7 +219,8 @@ def test_a_user_rule_in_doctor_and_bench_vary(cli, site, tmp_path):
     assert check["status"] == "fail" and "example" in check["detail"] and code == 1
     assert "engine.attention_backend=flashinfer" in check["fix"]
 
-    from sm120kit.bench.variants import Variant, VariantStatus, plan
+    from sm120kit.bench.variant_plan import plan
+    from sm120kit.bench.variants import Variant, VariantStatus
     from sm120kit.target import resolve_target
 
     mine = [str(tmp_path / "mine")]

@@ -19,7 +19,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from sm120kit import wheels
-from sm120kit.bench.variants import BASELINE, load_variants, plan, read_variants_file
+from sm120kit.bench.variant_plan import plan
+from sm120kit.bench.variant_reading import load_variants, read_variants_file
+from sm120kit.bench.variants import BASELINE
 from sm120kit.catalogue import rules
 from sm120kit.catalogue.survey import load_survey
 from sm120kit.errors import UserError
@@ -382,7 +384,7 @@ def test_every_flag_the_new_fields_render_is_owned(version):
 
 def shipped_variants() -> dict[str, dict]:
     """name -> {"sets": [--set words], "requires": {...}, "why": str}, read by the search's own
-    parser (sm120kit/bench/variants.py), which checks the file's keys, names and ranges."""
+    parser (sm120kit/bench/variant_reading.py), which checks the file's keys, names and ranges."""
     found, meta = read_variants_file(VARIANTS)
     assert meta["profile"] == "glm5-nvfp4" and meta["description"]
     assert set(tomllib.loads(VARIANTS.read_text(encoding="utf-8"))["variants"]) == {v.name for v in found}

@@ -21,7 +21,8 @@ from standin import PROFILES, STANDIN, Served, free_port, make_env_python
 
 from sm120kit.exit_codes import ExitCode
 from sm120kit.quality import baseline, detectors, tasks
-from sm120kit.quality.command import SmokeOptions, options_for, smoke
+from sm120kit.quality.command import smoke
+from sm120kit.quality.options import SmokeOptions, options_for
 from sm120kit.serve.machine import Machine, Policy, Probe, ServerSpec, Smoke, Spawn, Stop
 from sm120kit.serve.probe import ProbeResult
 from sm120kit.serve.status import EventKind, RunStatus

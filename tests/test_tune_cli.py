@@ -24,8 +24,9 @@ from sm120kit import wheels
 from sm120kit.errors import UserError
 from sm120kit.target import resolve_target
 from sm120kit.tune import space, timing
-from sm120kit.tune.command import TuneOptions, tune_moe
+from sm120kit.tune.command import tune_moe
 from sm120kit.tune.lookup import CONFIG_DIR_ENV
+from sm120kit.tune.options import TuneOptions
 
 SERVER = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 VERSION = "0.5.23"

@@ -19,7 +19,7 @@ from conftest import WINDOW, wheel_bytes
 
 from sm120kit import wheels
 from sm120kit.errors import UserError
-from sm120kit.tune import aot, fit, kernels, space
+from sm120kit.tune import aot, fit, fit_workers, kernels, space
 from sm120kit.tune.shape import MoeShape
 
 RELEASES = ("0.5.12.post1", "0.5.23")
@@ -275,7 +275,7 @@ def test_a_second_run_is_served_from_the_cache(sliced, monkeypatch, version):
     def no_compiler(*args, **kwargs):
         raise AssertionError("a cached config was compiled again")
 
-    monkeypatch.setattr(fit, "_Worker", no_compiler)
+    monkeypatch.setattr(fit_workers, "CompileWorker", no_compiler)
     calls = []
     assert (
         fit.fit_configs(kernel_source(version), KIMI_FP8, SLICE, cache_dir=cache, progress=lambda *a: calls.append(a))
@@ -310,7 +310,7 @@ def test_workers_that_keep_dying_stop_the_sweep_with_their_last_words(tmp_path, 
         except OSError:
             return False
 
-    monkeypatch.setattr(fit._Worker, "send", garbage)
+    monkeypatch.setattr(fit_workers.CompileWorker, "send", garbage)
     with pytest.raises(RuntimeError, match=r"keep dying(.|\n)*JSONDecodeError"):
         fit.fit_configs(kernel_source("0.5.23"), KIMI_FP8, [SMALL, INSIDE_LARGE], jobs=1, cache_dir=tmp_path)
     assert not list(tmp_path.rglob("*.json"))  # nothing learned, nothing cached

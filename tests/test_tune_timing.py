@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from sm120kit.errors import UserError
-from sm120kit.tune import timing
+from sm120kit.tune import compare, timing
 from sm120kit.tune.shape import MoeShape
+from sm120kit.tune.timing_result import Stop
+from sm120kit.tune.worker_client import WORKER
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "tests" / "fixtures" / "moe_worker_standin.py"
@@ -85,7 +87,7 @@ def test_batch_sizes_spread_over_the_gpus_and_the_fastest_correct_candidate_wins
     ticks = []
     result = run(tmp_path / "state.json", gpus=(0, 1), progress=lambda *a: ticks.append(a))
 
-    assert result.stop is timing.Stop.COMPLETE and result.complete
+    assert result.stop is Stop.COMPLETE and result.complete
     assert [row.batch_size for row in result.rows] == [1, 2, 4, 8]
     by_gpu = {gpu for _, gpu, _ in started(log)}
     assert by_gpu == {"5", "7"}, started(log)
@@ -118,14 +120,14 @@ def test_the_budget_stops_the_batch_in_flight_and_a_rerun_resumes(standin, tmp_p
     t0 = time.monotonic()
     result = run(state, budget_s=3.0)
     assert time.monotonic() - t0 < 15  # the slow worker was killed at the deadline, not waited for
-    assert result.stop is timing.Stop.BUDGET
+    assert result.stop is Stop.BUDGET
     assert [row.batch_size for row in result.rows] == [2, 4, 8] and result.pending == [1]
     assert all(gone(pid) for _, _, pid in started(log))
 
     log.unlink()
     standin()
     again = run(state)
-    assert again.stop is timing.Stop.COMPLETE and again.resumed == [2, 4, 8]
+    assert again.stop is Stop.COMPLETE and again.resumed == [2, 4, 8]
     assert [m for m, _, _ in started(log)] == ["1"]  # only the batch size that had not finished
     assert [row.batch_size for row in again.rows] == [1, 2, 4, 8]
 
@@ -139,7 +141,7 @@ def test_ctrl_c_kills_the_workers_and_keeps_what_finished(standin, tmp_path):
             raise KeyboardInterrupt  # as Ctrl-C arrives in the main thread
 
     result = run(state, progress=progress)
-    assert result.stop is timing.Stop.INTERRUPTED
+    assert result.stop is Stop.INTERRUPTED
     assert [row.batch_size for row in result.rows] == [2, 4, 8] and result.pending == [1]
     assert all(gone(pid) for _, _, pid in started(log))
     assert sorted(json.loads(state.read_text())["batches"]) == ["2", "4", "8"]
@@ -226,7 +228,7 @@ def test_the_real_worker_in_a_target_without_torch(python_without_torch, tmp_pat
     assert not state.parent.exists()
     job = {"protocol": 1, "shape": SHAPE.to_json(), "candidates": CANDIDATES, "batch_sizes": [1]}
     done = subprocess.run(
-        [str(python_without_torch), str(timing.WORKER)], input=json.dumps(job) + "\n", capture_output=True, text=True
+        [str(python_without_torch), str(WORKER)], input=json.dumps(job) + "\n", capture_output=True, text=True
     )
     events = [json.loads(line) for line in done.stdout.splitlines()]
     assert done.returncode == 3 and [e["event"] for e in events] == ["fatal"] and events[0]["kind"] == "no-torch"
@@ -235,7 +237,7 @@ def test_the_real_worker_in_a_target_without_torch(python_without_torch, tmp_pat
 def test_default_against_tuned_in_one_worker_run(standin, tmp_path):
     log = standin()
     tuned = {1: CANDIDATES[3], 64: CANDIDATES[2], 1024: CANDIDATES[3]}
-    compared = timing.compare_with_default(PYTHON, SHAPE, tuned, gpu=0, worker=STANDIN)
+    compared = compare.compare_with_default(PYTHON, SHAPE, tuned, gpu=0, worker=STANDIN)
     assert [c.batch_size for c in compared] == [1, 64, 1024]
     assert len({pid for _, _, pid in started(log)}) == 1
     distinct = []  # the worker's job holds each tuned config once, and the stand-in times by index

@@ -69,9 +69,9 @@ CALL_USES = {
     # sm120kit's own, called directly by tests: each starts processes or reads wheels inside.
     "sm120kit.node.checks.nccl.nccl_all_reduce": "processes",
     "sm120kit.tune.timing.time_candidates": "processes",
-    "sm120kit.tune.timing.probe": "processes",
+    "sm120kit.tune.worker_client.probe": "processes",
     "sm120kit.node.checks.nccl.probe": "processes",
-    "sm120kit.tune.timing.compare_with_default": "processes",
+    "sm120kit.tune.compare.compare_with_default": "processes",
     "sm120kit.node.checks.imports.judge": "processes",
     "sm120kit.tryout.run": "wheels",
     "sm120kit.resolution.run.resolve": "processes",  # sglang's resolution in the target's interpreter

@@ -18,7 +18,7 @@ from sm120kit.exit_codes import ExitCode
 
 if TYPE_CHECKING:
     from sm120kit.profiles.model import Profile
-    from sm120kit.quality.command import SmokeReport
+    from sm120kit.quality.smoke_report import SmokeReport
     from sm120kit.target import Target
 
 
@@ -109,7 +109,8 @@ def _recorded_environment(target: Target, patch_dirs: tuple[str, ...]) -> tuple[
 
 def run_smoke(profile: Profile | None, url: str, api_key: str | None) -> SmokeReport:
     """sm120kit smoke against the server at url (the profile's, or --url's): a SmokeReport."""
-    from sm120kit.quality.command import SmokeOptions, options_for, smoke
+    from sm120kit.quality.command import smoke
+    from sm120kit.quality.options import SmokeOptions, options_for
 
     options = options_for(profile, url=url) if profile is not None else SmokeOptions(url=url, api_key=api_key)
     return smoke(options)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from sm120kit.bench.search_result import SearchResult
     from sm120kit.bench.search_state import VariantResult
     from sm120kit.bench.variants import Plan, Planned
-    from sm120kit.quality.command import SmokeReport
+    from sm120kit.quality.smoke_report import SmokeReport
 
 # Columns of analysis.table_rows and analysis.compare_rows, as groups that fit 100 columns.
 SWEEP_GROUPS = ((0, 1, 2, 3, 4, 5, 12, 13), (0, 6, 7, 8, 9, 10, 11))  # throughput, done / failed; latency

@@ -1,5 +1,5 @@
 """`bench --vary` / `bench --variants`: the search for the fastest configuration that still
-answers right. For each runnable variant of the plan (variants.py), the profile as written
+answers right. For each runnable variant of the plan (variant_plan.py), the profile as written
 first: start its server with serve's Python API (bench/serving.py), wait until it
 generates, smoke it, sweep it into its own directory, stop it and read what the stop
 proved (serve's exit code and its `stopped` event: no process, port or GPU memory of the
@@ -75,7 +75,7 @@ from sm120kit.serve.status import EventKind
 
 if TYPE_CHECKING:
     from sm120kit.bench import command
-    from sm120kit.quality.command import SmokeReport
+    from sm120kit.quality.smoke_report import SmokeReport
     from sm120kit.serve.options import ServeOptions
     from sm120kit.target import Target
 
@@ -247,7 +247,8 @@ def _smoke_and_sweep(
     """Inside the served block: the smoke (serve's own, where health.smoke ran it before
     calling the server ready), then (when it passed) the sweep."""
     from sm120kit.bench import command
-    from sm120kit.quality.command import options_for, smoke
+    from sm120kit.quality.command import smoke
+    from sm120kit.quality.options import options_for
 
     smoke_doc: dict = {"skipped": "--no-smoke"}
     if options.bench.smoke and by_serve and by_serve[0].get("passed"):

@@ -346,11 +346,11 @@ def _search(args, options: BenchOptions, target: Target, width: int | None, out:
     """bench --serve --vary / --variants: plan every variant (bad input raises before
     anything starts), then the dry run or the search."""
     from sm120kit import endpoint, report
-    from sm120kit.bench import render, search, variants
+    from sm120kit.bench import render, search, variant_plan, variant_reading
 
-    found, source, written_for = variants.load_variants(args.vary, args.variants, args.profile_dir)
+    found, source, written_for = variant_reading.load_variants(args.vary, args.variants, args.profile_dir)
     base_sets = list(args.sets or [])
-    plan = variants.plan(
+    plan = variant_plan.plan(
         args.name[0],
         args.profile_dir,
         base_sets,

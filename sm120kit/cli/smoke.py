@@ -78,7 +78,7 @@ def _options(args):
 
     from sm120kit.endpoint import api_key
     from sm120kit.errors import UserError
-    from sm120kit.quality.command import MAX_BURST, MIN_BURST, SmokeOptions, options_for
+    from sm120kit.quality.options import MAX_BURST, MIN_BURST, SmokeOptions, options_for
     from sm120kit.urls import url_option
 
     if (args.name is None) == (args.url is None):

@@ -74,7 +74,8 @@ def cmd_tune_moe(args) -> int:
     from sm120kit.profiles.loader import load_profile
     from sm120kit.target import resolve_target
     from sm120kit.tune import render
-    from sm120kit.tune.command import TuneOptions, parse_batch_sizes, parse_budget, parse_gpus, tune_moe
+    from sm120kit.tune.command import tune_moe
+    from sm120kit.tune.options import TuneOptions, parse_batch_sizes, parse_budget, parse_gpus
 
     options = TuneOptions(
         plan_only=args.plan,

@@ -175,7 +175,7 @@ def _smoke(profile: Profile) -> dict | None:
     takes that from its environment."""
     if not profile.health.smoke:
         return None
-    from sm120kit.quality.command import options_for
+    from sm120kit.quality.options import options_for
 
     return {k: v for k, v in dataclasses.asdict(options_for(profile, api_key=None)).items() if k != "api_key"}
 

@@ -98,7 +98,7 @@ def main(directory: str) -> int:
         record.state.update(member=spec["member"], role=spec["role"], gpus=spec["gpus"], url=spec["url"])
         smoke = None
         if spec["smoke"] is not None:  # health.smoke: against this replica, with the fleet's key
-            from sm120kit.quality.command import SmokeOptions
+            from sm120kit.quality.options import SmokeOptions
 
             smoke = SmokeOptions(**{**spec["smoke"], "model": tuple(spec["smoke"]["model"]), "api_key": key})
         with keep_secret(key, f"${spec['api_key_env']}"):

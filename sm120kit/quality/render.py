@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 from sm120kit import report
-from sm120kit.quality.command import SmokeReport
+from sm120kit.quality.smoke_report import SmokeReport
 
 
 class TextProgress:

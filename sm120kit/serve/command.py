@@ -127,7 +127,7 @@ def serve(profile: Profile, launch: Launch, target: Target, options: ServeOption
         )
         smoke = None
         if profile.health.smoke:  # the smoke decides "ready": against this server, with its key
-            from sm120kit.quality.command import options_for
+            from sm120kit.quality.options import options_for
 
             smoke = options_for(profile, api_key=key)
         record.state.update(role="server", gpus=visible_gpus(env, profile.node.gpus))

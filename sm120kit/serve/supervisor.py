@@ -49,7 +49,7 @@ from sm120kit.serve.rundir import RunRecord, copy_truncate, rotate
 from sm120kit.serve.status import EventKind, RunStatus
 
 if TYPE_CHECKING:
-    from sm120kit.quality.command import SmokeOptions
+    from sm120kit.quality.options import SmokeOptions
     from sm120kit.serve.machine import Policy, ServerSpec
 
 LOG_TICK_S = 0.5  # how often the log is read (live tail, progress)

@@ -1,136 +1,26 @@
 """`sm120kit tune-moe`: the profile's MoE shape, the tuner's space pruned to what fits sm_120,
-timing on this node's GPUs, and the winning table installed where sglang looks."""
+timing on this node's GPUs, and the winning table installed where sglang looks.
+
+The options are options.py's, the report tune_report.py's, the choice of a Triton
+compiler.py's: this module runs the tune's steps in order.
+"""
 
 from __future__ import annotations
 
-import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sm120kit.errors import UserError
-from sm120kit.exit_codes import ExitCode
 from sm120kit.tune import install as _install
-from sm120kit.tune.shape import MoeShape
+from sm120kit.tune.compiler import Compiler, find_compiler
+from sm120kit.tune.options import TuneOptions
+from sm120kit.tune.tune_report import TuneReport
 
 if TYPE_CHECKING:  # timing is imported when the candidates are timed, not to plan
     from sm120kit.profiles.model import Profile
     from sm120kit.target import Distribution, Target
     from sm120kit.tune.model_config import NotTritonMoe
-    from sm120kit.tune.timing import TimingResult
-
-# sglang's tuning script's default batch sizes (benchmark/kernels/fused_moe_triton).
-DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
-MAX_BATCH_SIZE = 1 << 20
-
-
-@dataclass(frozen=True)
-class TuneOptions:
-    plan_only: bool = False
-    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
-    budget_s: float | None = None
-    gpus: tuple[int, ...] | None = None  # None: every visible GPU
-    device_name: str | None = None  # GPU 0's (the cli reads it); None: no GPU here
-    config_dir: Path | None = None  # $SGLANG_MOE_CONFIG_DIR instead of the package's directory
-    model_config: Path | None = None  # None: from the profile's [model] path
-    jobs: int | None = None
-    restart: bool = False
-    python: str | None = None  # the target's interpreter (--python); None: this one
-    show_progress: bool = True
-
-
-def parse_batch_sizes(text: str | None) -> tuple[int, ...]:
-    if text is None:
-        return DEFAULT_BATCH_SIZES
-    try:
-        sizes = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        sizes = []
-    if not sizes or not all(1 <= m <= MAX_BATCH_SIZE for m in sizes):
-        raise UserError(
-            f"--batch-sizes {text!r}: expected whole numbers from 1 to {MAX_BATCH_SIZE}, comma-separated",
-            "e.g. --batch-sizes 1,64,256,1024",
-        )
-    return tuple(sizes)
-
-
-def parse_budget(text: str | None) -> float | None:
-    if text is None:
-        return None
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|min|h)?\s*", text)
-    seconds = float(match[1]) * {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[match[2]] if match else 0
-    if not seconds:
-        raise UserError(f"--budget {text!r}: expected a time such as 90s, 20m or 2h", "e.g. --budget 20m")
-    return seconds
-
-
-def parse_gpus(text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        gpus = tuple(dict.fromkeys(int(part) for part in text.split(",") if part.strip()))
-    except ValueError:
-        gpus = ()
-    if not gpus or min(gpus) < 0:
-        raise UserError(f"--gpus {text!r}: expected GPU indices, comma-separated", "e.g. --gpus 0,1,2,3")
-    return gpus
-
-
-@dataclass
-class TuneReport:
-    profile: str
-    shape: MoeShape
-    sglang: str
-    triton: str | None  # the target's Triton (its version names sglang's config directory)
-    compiler: str  # the Triton that compiled the kernels for sm_120
-    kernel: str  # the installed file whose fused_moe_kernel was compiled
-    space: int  # configs in the tuner's space for this shape
-    fitting: list[dict]  # those that fit sm_120
-    largest_fit: int  # bytes of shared memory of the largest fitting config
-    rejected: list[dict]  # a few of those that do not fit, with their bytes
-    device_name: str | None
-    destination: Path | None  # where the tuned table goes
-    loads_now: Path | None  # the table sglang loads today for this shape on this GPU (None: its defaults)
-    loads_now_over: list[dict] = field(default_factory=list)  # its entries that do not fit sm_120
-    batch_sizes: tuple[int, ...] = ()
-    timing: TimingResult | None = None  # once timed
-    installed: bool = False
-    interrupted: bool = False
-    notes: list[str] = field(default_factory=list)
-    compiler_python: str | None = None  # the interpreter whose Triton compiled them (None: sm120kit's own)
-
-    @property
-    def exit_code(self) -> ExitCode:
-        if self.interrupted:
-            return ExitCode.INTERRUPTED
-        if self.timing is None:
-            return ExitCode.FINDINGS if self.loads_now_over else ExitCode.OK
-        return ExitCode.OK if self.timing.complete else ExitCode.FINDINGS
-
-    def as_json(self) -> dict:
-        return {
-            "profile": self.profile,
-            "shape": self.shape.to_json(),
-            "sglang": self.sglang,
-            "triton": self.triton,
-            "compiler": self.compiler,
-            "compiler_python": self.compiler_python,
-            "kernel": self.kernel,
-            "space": self.space,
-            "fit": len(self.fitting),
-            "largest_fit_bytes": self.largest_fit,
-            "rejected": self.rejected,
-            "device_name": self.device_name,
-            "destination": str(self.destination) if self.destination else None,
-            "loads_now": str(self.loads_now) if self.loads_now else None,
-            "loads_now_over": self.loads_now_over,
-            "batch_sizes": list(self.batch_sizes),
-            "timing": self.timing.as_json() if self.timing is not None else None,
-            "installed": self.installed,
-            "notes": self.notes,
-            "exit_code": int(self.exit_code),
-        }
 
 
 def tune_moe(options: TuneOptions, profile: Profile, target: Target) -> TuneReport:
@@ -239,47 +129,6 @@ def _env_hint(profile: Profile, config_dir: Path | None) -> str:
     return f'add {_install.CONFIG_DIR_ENV} = "{config_dir}" to [env] of {profile.source or profile.name}'
 
 
-@dataclass(frozen=True)
-class Compiler:
-    """The Triton that compiles sglang's kernel for sm_120: this interpreter's, or else the
-    one of the target's interpreter (--python)."""
-
-    version: str
-    python: Path | None = None  # None: this interpreter
-
-
-TUNE_EXTRA = "pip install 'sm120kit[tune]'"
-
-
-def find_compiler(target: Target, python: str | None) -> Compiler:
-    """This environment's Triton; without one, the target's (when --python names an
-    interpreter that has it); else a UserError naming the extra that installs it."""
-    from sm120kit.tune import lookup
-
-    try:
-        import triton
-    except ImportError:
-        why = "no Triton"
-    except Exception as exc:  # an installed Triton that fails to import (a broken install)
-        why = f"a Triton that does not import ({type(exc).__name__}: {exc})"
-    else:
-        return Compiler(triton.__version__)
-    there = lookup.installed_triton_version(target) if python else None
-    if there and python:
-        return Compiler(there, Path(python))
-    here = f"sm120kit's environment ({sys.executable}) has {why}"
-    if python:
-        raise UserError(
-            f"{here}, and neither has {target.description}: tune-moe compiles sglang's fused-MoE kernel "
-            "for sm_120 with Triton",
-            f"{TUNE_EXTRA} (Triton for sm120kit's environment), or install triton in {python}'s environment",
-        )
-    raise UserError(
-        f"{here}: tune-moe compiles sglang's fused-MoE kernel for sm_120 with Triton",
-        f"{TUNE_EXTRA}, or pass --python with the environment that serves sglang (its Triton compiles then)",
-    )
-
-
 def _model_config(profile: Profile, given: Path | None) -> Path | None:
     """--model-config, else the profile's config.json (None: no [model] path, which
     moe_shape refuses). Where there is none: a profile known not to run its MoE on Triton
@@ -372,11 +221,13 @@ def _time_and_install(
     from sm120kit.caches import cache_dir
     from sm120kit.tune import timing
     from sm120kit.tune.install import TuneMeta, install_table
+    from sm120kit.tune.timing_result import Stop
+    from sm120kit.tune.worker_client import probe
 
     if options.python is None and not target.description.startswith("python "):
         raise UserError("--site names files, not an interpreter: timing runs the target's python", "pass --python EXE")
     python = Path(options.python or sys.executable)
-    gpus = list(options.gpus) if options.gpus is not None else list(range(len(timing.probe(python).devices)))
+    gpus = list(options.gpus) if options.gpus is not None else list(range(len(probe(python).devices)))
     state = cache_dir("tune") / f"{profile.name}.json"
     if options.restart:
         state.unlink(missing_ok=True)
@@ -392,7 +243,7 @@ def _time_and_install(
     )
     result.timing = timed
     result.notes += timed.notes
-    if timed.stop is timing.Stop.INTERRUPTED:
+    if timed.stop is Stop.INTERRUPTED:
         result.interrupted = True
         result.notes.append(f"interrupted: {len(timed.rows)} batch size(s) kept for the next run; nothing installed")
         return result

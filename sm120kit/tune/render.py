@@ -11,9 +11,9 @@ from sm120kit import report
 from sm120kit.followup import complete
 
 if TYPE_CHECKING:  # `status` lists the installed tables: it need not load the tune-moe command
-    from sm120kit.tune.command import TuneReport
     from sm120kit.tune.installed import InstalledTable, Inventory
-    from sm120kit.tune.timing import TimingResult
+    from sm120kit.tune.timing_result import TimingResult
+    from sm120kit.tune.tune_report import TuneReport
 
 
 def tile(config: dict) -> str:

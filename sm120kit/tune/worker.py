@@ -1,9 +1,16 @@
 """Times candidate fused-MoE configs on one GPU with the installed sglang's own Triton kernel.
 
 This file runs in the TARGET's interpreter (the one with torch, triton and sglang), started by
-sm120kit.tune.timing as `<python> worker.py` with CUDA_VISIBLE_DEVICES set to one GPU. It imports
-the standard library, torch, triton and the installed sglang only: never sm120kit, pydantic or
-libcst, which the target need not have.
+sm120kit.tune.worker_client (for timing.py) or sm120kit.tune.compare as `<python> worker.py`
+with CUDA_VISIBLE_DEVICES set to one GPU. It imports the standard library, torch, triton and
+the installed sglang only: never sm120kit, pydantic or libcst, which the target need not have.
+
+Why it is one file of several jobs (the probe, the protocol's reading and writing, building the
+inputs, running and timing sglang's kernel, the compile mode): another interpreter runs it as a
+script by its path, and that environment need not have sm120kit installed, so it cannot import a
+sibling module; split, it would have to put its own directory on sys.path, which the block below
+takes off to keep its neighbours from shadowing torch's and sglang's imports. Its sections are
+marked below instead.
 
     python worker.py --probe        one JSON line: versions (from metadata), CUDA, the GPUs (names, memory)
     python worker.py JOB.json       run the job's batch sizes
