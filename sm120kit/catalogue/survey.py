@@ -318,9 +318,6 @@ class Survey:
     def get(self, failure_id: str) -> Failure | None:
         return next((f for f in self.failures if f.id == failure_id), None)
 
-    def for_patch(self, patch_id: str) -> list[Failure]:
-        return [f for f in self.failures if f.patch == patch_id]
-
     def select(self, ids: list[str] | tuple[str, ...], option: str = "--allow-known-failure") -> frozenset[str]:
         """The ids as given, each known; an unknown one is a UserError with the nearest."""
         import difflib
