@@ -24,8 +24,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "scripts")]
 
-from conftest import install  # noqa: E402
-from standin import PROFILES, make_env_python  # noqa: E402
+from support.process_scope import scope_to_this_run  # noqa: E402
+from support.sites import install  # noqa: E402
+from support.standin import PROFILES, make_env_python  # noqa: E402
+
+scope_to_this_run()  # as in the tests: an sglang the host runs is not this run's business
 
 SECRET = "sk-live-0123456789abcdef"
 DSA_FILE = "sglang/srt/models/deepseek_common/attention_forward_methods/forward_mha.py"

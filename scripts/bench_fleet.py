@@ -36,7 +36,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests")]
 
 import psutil  # noqa: E402
-from standin import Served, free_port, make_env_python  # noqa: E402
+from support.process_scope import scope_to_this_run  # noqa: E402
+from support.standin import Served, free_port, make_env_python  # noqa: E402
+
+scope_to_this_run()  # as in the tests: an sglang the host runs is not this run's business
 
 VERSION = "0.5.23"
 REPLICAS = 3

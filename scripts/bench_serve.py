@@ -30,9 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "scripts")]
 
 import psutil  # noqa: E402
-from standin import Served, make_env_python  # noqa: E402
+from support.process_scope import scope_to_this_run  # noqa: E402
+from support.standin import Served, make_env_python  # noqa: E402
 
 from sm120kit.serve.status import EventKind  # noqa: E402
+
+scope_to_this_run()  # as in the tests: an sglang the host runs is not this run's business
 
 VERSION = "0.5.23"
 

@@ -37,7 +37,10 @@ VARY = [
 
 def environment(root: Path, version: str) -> Path:
     """A python whose environment has sglang==version and its flashinfer-python (real files)."""
-    from conftest import install
+    from support.process_scope import scope_to_this_run
+    from support.sites import install
+
+    scope_to_this_run()  # as in the tests: an sglang the host runs is not this run's business
 
     site = root / "site-packages"
     site.mkdir(parents=True)

@@ -6,16 +6,14 @@ flashinfer-python release each pins, and the flashinfer releases proven past the
     python scripts/seed_outcomes.py
 
 Run it after a patch or the window changes (a test says when the seed is stale). It fetches
-the wheels (cached), unpacks only the files the patches rewrite into a scratch site, and runs
-`patch --check` on each with an empty outcome cache and the seed switched off; what that
-puts into the cache (the verdicts on the vendor's bytes, and already-applied on the bytes a
-patch would write) is the seed.
+the wheels (cached), unpacks only the files the patches rewrite into a scratch site, and plans
+`patch --check` on each with an empty outcome cache, the seed switched off and every verdict
+from the transforms (no quick read); what that puts into the cache (the verdicts on the
+vendor's bytes, and already-applied on the bytes a patch would write) is the seed.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import sys
@@ -24,8 +22,10 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from sm120kit import __version__, cli, wheels
-from sm120kit.patching import registry, seed
+from sm120kit import __version__, wheels
+from sm120kit.patching import planning, registry, seed
+from sm120kit.patching.spec import Patch
+from sm120kit.target import resolve_target
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = ROOT / "patches" / seed.FILE_NAME
@@ -39,11 +39,11 @@ def releases() -> list[tuple[str, str]]:
     ]
 
 
-def check(site: Path) -> None:
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        code = cli.main(["patch", "--check", "--site", str(site)])
-    if code not in (0, 1):
-        raise SystemExit(f"patch --check on {site} exited {code}")
+def check(site: Path, patches: list[Patch]) -> None:
+    """`patch --check`'s plan, every verdict from the transforms (what they write is cached)."""
+    plan = planning.plan(resolve_target(site=str(site)), patches, need_bytes=False, quick=False)
+    if plan.errors or plan.blockers:
+        raise SystemExit(f"patch --check on {site}: {[f.detail for f in plan.errors] + plan.blockers}")
 
 
 def main() -> int:
@@ -56,7 +56,7 @@ def main() -> int:
         for package, version in covered:
             site = Path(tmp) / f"{package}-{version}"
             wheels.install(site, package, version, members)
-            check(site)
+            check(site, patches)
             print(f"{package} {version}", file=sys.stderr)
         outcomes = {
             path.name: json.loads(path.read_text()) for path in sorted((Path(tmp) / "cache" / "outcomes").glob("*/*"))

@@ -8,7 +8,6 @@ so an environment with sglang, torch and CUDA is inspected without loading any o
 from __future__ import annotations
 
 import base64
-import contextlib
 import csv
 import re
 import sys
@@ -204,8 +203,8 @@ def _ask_site_dirs(python: str) -> list[str]:
     """Ask `python` where its packages live. It runs in a session of its own, so that a
     wrapper that hangs is stopped with everything it started."""
     import os
-    import signal
-    import subprocess
+
+    from sm120kit import child_process  # here: most commands never start a child
 
     hint = "pass the python executable of the environment, e.g. --python /opt/venv/bin/python"
     exe = _executable(python)
@@ -215,35 +214,18 @@ def _ask_site_dirs(python: str) -> list[str]:
         what = "a directory" if path.is_dir() else "a file without execute permission"
         raise UserError(f"--python {shown}: not an executable python ({what})", hint)
     try:
-        proc = subprocess.Popen(
-            [exe, "-c", _SITE_QUERY],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+        done = child_process.run([exe, "-c", _SITE_QUERY], deadline_s=PYTHON_TIMEOUT_S)
     except OSError as exc:
         where = " on PATH or in the current directory" if not Path(exe).is_absolute() else ""
         raise UserError(f"--python {shown}: cannot run it ({exc.strerror or exc}{where})", hint) from None
-    try:
-        out, err = proc.communicate(timeout=PYTHON_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+    if done.hung:
         raise UserError(
             f"--python {shown}: no answer within {PYTHON_TIMEOUT_S:g} s; it was stopped, with what it started", hint
-        ) from None
-    finally:
-        with contextlib.suppress(OSError):  # what it left running in its session goes too
-            os.killpg(proc.pid, signal.SIGKILL)
-    try:
-        if proc.returncode:
-            raise ValueError(f"exit {proc.returncode}: {err.strip().splitlines()[-1] if err.strip() else 'no message'}")
-    except ValueError as exc:
-        raise UserError(
-            f"--python {shown}: could not ask that interpreter for its site directories ({exc})", hint
-        ) from None
+        )
+    if done.returncode:
+        said = f"exit {done.returncode}: {(done.stderr_tail() or ['no message'])[-1]}"
+        raise UserError(f"--python {shown}: could not ask that interpreter for its site directories ({said})", hint)
+    out = done.stdout
     try:
         paths = shallow_json.loads(out)  # (a wrapper's answer nested 100,000 deep is not a RecursionError)
     except ValueError:

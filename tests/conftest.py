@@ -1,5 +1,7 @@
-"""Shared fixtures: real sglang releases unpacked into throwaway site directories, and the
-CLI run in-process; and the two tiers.
+"""Fixtures and hooks only: real sglang releases unpacked into throwaway site directories, the
+CLI run in-process, private caches, and the two tiers. What tests share as code (helpers,
+stand-ins, the patch tests' harness) is tests/support/, imported by name; no test imports
+this file (tests/test_truth_suite.py keeps it so).
 
 Tiers: every test that needs real wheels, a child process, the router or Triton is marked
 `integration` (and `wheels` / `processes` / `router` / `triton`) at collection, by reading
@@ -14,99 +16,22 @@ the run (tests/test_truth_suite.py keeps it so).
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import functools
-import hashlib
-import os
-import re
-import socketserver
+import dataclasses
 import sys
-import threading
-import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import tiers
+from support.cli import Cli
+from support.fast_tier import watch_fast_tier
+from support.paths import ROOT
+from support.process_scope import scope_to_this_run
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))  # the scripts the tests run in-process (conformance)
-
-from sm120kit import wheels  # noqa: E402
-from sm120kit.cli import main  # noqa: E402
-from sm120kit.patching.registry import load_patches  # noqa: E402
-from sm120kit.serve import procs  # noqa: E402
-
-WINDOW = wheels.SGLANG_WINDOW
-FIXTURE_PATCHES = ROOT / "tests" / "fixtures" / "patches"
-
-# The files the shipped patches (and the fixture patch) touch, and those the flag schema is
-# read from; unpacking just these and the dist-info keeps a release install fast.
-MEMBERS = sorted({r.path for p in load_patches([str(FIXTURE_PATCHES)]) for r in p.rewrites}) + wheels.SCHEMA_SOURCES
-
 
 # The host's processes are not the tests' business: scans see only this test run's
 # descendants, and the orphans its servers leave are re-parented to it (not to PID 1).
-procs.become_subreaper()
-os.environ[procs.SCOPE] = str(os.getpid())
-
-flashinfer_pin = functools.lru_cache(maxsize=None)(wheels.flashinfer_pin)
-
-
-def install(site: Path, version: str, flashinfer: bool = True) -> Path:
-    """sglang==version into `site` as pip would (replacing any other version), with the
-    flashinfer-python release it pins. Returns sglang's dist-info."""
-    pin = flashinfer_pin(version) if flashinfer else None
-    if pin:
-        wheels.install(site, "flashinfer-python", pin, MEMBERS)
-    return wheels.install(site, "sglang", version, MEMBERS)
-
-
-def raise_version(site: Path, package: str, new: str) -> Path:
-    """The installed release of `package` as its next upstream release will look when its
-    code is unchanged: the same files, the version raised (METADATA, the dist-info's name,
-    RECORD's rows for it). Returns the new dist-info."""
-    stem = package.replace("-", "_")
-    [old] = site.glob(f"{stem}-*.dist-info")
-    new_info = site / f"{stem}-{new}.dist-info"
-    metadata = (old / "METADATA").read_text()
-    (old / "METADATA").write_text(re.sub(r"^Version: .*$", f"Version: {new}", metadata, count=1, flags=re.M))
-    record = (old / "RECORD").read_text()
-    (old / "RECORD").write_text(record.replace(f"{old.name}/", f"{new_info.name}/"))
-    old.rename(new_info)
-    return new_info
-
-
-def replace_installed(site: Path, package: str, relpath: str, data: bytes) -> None:
-    """A release whose file differs from the one installed: new bytes, and RECORD's hash
-    for them (as the wheel of that release would have it)."""
-    (site / relpath).write_bytes(data)
-    [dist_info] = site.glob(f"{package.replace('-', '_')}-*.dist-info")
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    rows = [
-        f"{relpath},sha256={digest},{len(data)}" if line.startswith(f"{relpath},") else line
-        for line in (dist_info / "RECORD").read_text().splitlines()
-    ]
-    (dist_info / "RECORD").write_text("\n".join(rows) + "\n")
-
-
-def patch_dir(root: Path, package: str, name: str, source: str) -> Path:
-    """A --patch-dir holding one user patch module: root/<package>/<name>.py."""
-    (root / package).mkdir(parents=True, exist_ok=True)
-    (root / package / f"{name}.py").write_text(source)
-    return root
-
-
-def next_release(version: str) -> str | None:
-    i = WINDOW.index(version)
-    return WINDOW[i + 1] if i + 1 < len(WINDOW) else None
-
-
-@functools.cache
-def wheel_bytes(version: str, relpath: str, package: str = "sglang") -> bytes:
-    with zipfile.ZipFile(wheels.fetch(package, version)) as zf:
-        return zf.read(relpath)
+scope_to_this_run()
 
 
 @pytest.fixture(scope="session")
@@ -132,6 +57,32 @@ def private_caches(request, session_cache, tmp_path_factory, monkeypatch) -> Non
     monkeypatch.setenv("CUDA_HOME", str(tmp_path_factory.getbasetemp() / "no-cuda-toolkit"))
 
 
+@pytest.fixture(scope="session")
+def rewrite_memo() -> dict:
+    return {}
+
+
+@pytest.fixture
+def rewrites_once(rewrite_memo, monkeypatch) -> None:
+    """libcst's rewrite of a file, computed once a session: it is a pure function of the
+    file's bytes and the patches (their source included), and the tests that use this
+    (`pytest.mark.usefixtures("rewrites_once")`) prove what the engine does around it --
+    a kill or an I/O failure at every step of a write, each step followed by a verify --
+    not the rewrite, which the patch tests and the lifecycle prove uncached."""
+    from sm120kit.patching import transform
+
+    real = transform.run_rewrites
+
+    def run_rewrites(source, items, version, relpath):
+        key = (source, tuple((p.id, p.revision, p.source_sha256, r.path) for p, r in items), version, relpath)
+        if key not in rewrite_memo:
+            rewrite_memo[key] = real(source, items, version, relpath)
+        after, findings = rewrite_memo[key]
+        return after, [dataclasses.replace(f) for f in findings]
+
+    monkeypatch.setattr(transform, "run_rewrites", run_rewrites)
+
+
 @pytest.fixture
 def site(tmp_path: Path) -> Path:
     path = tmp_path / "site-packages"
@@ -139,69 +90,9 @@ def site(tmp_path: Path) -> Path:
     return path
 
 
-class Cli:
-    def __init__(self, capsys):
-        self.capsys = capsys
-
-    def __call__(self, *argv: str) -> tuple[int, str, str]:
-        self.capsys.readouterr()
-        code = main([str(a) for a in argv])
-        out, err = self.capsys.readouterr()
-        return code, out, err
-
-    def json(self, *argv: str) -> tuple[int, dict]:
-        import json
-
-        code, out, _ = self(*argv, "--json")
-        return code, json.loads(out)
-
-
 @pytest.fixture
 def cli(capsys) -> Cli:
     return Cli(capsys)
-
-
-FAKE_EPOCH = 1_800_000_000.0  # a fake clock's wall time at its monotonic 0
-
-
-class FakeClock:
-    """serve's and the fleet's Clock for their state machines, moved only by sleep()."""
-
-    def __init__(self, start: float = 0.0) -> None:
-        self.now = start
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def time(self) -> float:
-        return FAKE_EPOCH + self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
-# How often a test's HTTP server looks for a shutdown request: shutdown() waits for the next
-# look, and serve_forever's default (0.5 s) made each stop cost half a second.
-SERVER_POLL_S = 0.01
-
-
-@contextlib.contextmanager
-def http_served(server: socketserver.BaseServer) -> Iterator[str]:
-    """Serve `server` (bound to 127.0.0.1) from a daemon thread; yields its URL. On exit it
-    stops within SERVER_POLL_S and frees its port."""
-    threading.Thread(target=server.serve_forever, args=(SERVER_POLL_S,), daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def tree_snapshot(root: Path) -> dict[str, bytes]:
-    """Every file under root (ledger included) with its bytes: "nothing changed" means equal."""
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != "lock"
-    }
 
 
 def pytest_collection_modifyitems(items) -> None:
@@ -211,36 +102,6 @@ def pytest_collection_modifyitems(items) -> None:
             item.add_marker(need)
         if found:
             item.add_marker("integration")
-
-
-def watch_fast_tier(monkeypatch) -> list[str]:
-    """Wrap what a fast-tier test must not use (a child process, a wheel fetch, a Triton
-    compile); returns the list that notes each use, as "processes (os.system)"."""
-    done: list[str] = []
-
-    def watch(owner, name: str, need: str, replaces_this_process: bool = False) -> None:
-        original = getattr(owner, name)
-
-        @functools.wraps(original)
-        def watched(*args, **kwargs):
-            done.append(f"{need} ({getattr(owner, '__name__', owner)}.{name})")
-            if replaces_this_process:  # an exec would end pytest itself: nothing left to fail the test
-                pytest.fail(f"this test is in the fast tier but called {done[-1]}", pytrace=False)
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(owner, name, watched)
-
-    import subprocess
-
-    from sm120kit.tune import aot
-
-    watch(subprocess.Popen, "__init__", "processes")
-    for name in tiers.OS_PROCESS_CALLS:
-        watch(os, name, "processes", replaces_this_process=name.startswith("exec"))
-    watch(wheels, "fetch", "wheels")
-    watch(wheels, "_pip_download", "wheels")
-    watch(aot, "compile_for", "triton")
-    return done
 
 
 @pytest.fixture(autouse=True)

@@ -41,6 +41,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "cuda_toolkit",
             "followup",
             "model_config",
+            "child_process",
+            "target_script",
         ),
     ),
     ("patching", ("patching",)),

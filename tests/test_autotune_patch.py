@@ -9,23 +9,11 @@ import types
 
 import libcst as cst
 import pytest
-from conftest import WINDOW, wheel_bytes
-from packaging.version import Version
+from support import patch_cases
 
-from sm120kit.patching.registry import load_patches
-from sm120kit.patching.spec import Outcome
-from sm120kit.patching.transform import run_rewrites
-
-PATCH = next(p for p in load_patches() if p.id == "sglang-moe-autotune-flashinfer-cutlass")
-BUGGY = [v for v in WINDOW if Version(v) < Version("0.5.13")]
-FIXED = [v for v in WINDOW if Version(v) >= Version("0.5.13")]
-
-
-def run(version: str, source: bytes | None = None):
-    [rewrite] = PATCH.rewrites_for(version)
-    source = wheel_bytes(version, rewrite.path) if source is None else source
-    after, [finding] = run_rewrites(source, [(PATCH, rewrite)], version, rewrite.path)
-    return source, after, finding
+PATCH = patch_cases.shipped_patch("sglang-moe-autotune-flashinfer-cutlass")
+BUGGY = patch_cases.releases(PATCH, fixed=False)  # below its fixed_in, 0.5.13
+FIXED = patch_cases.releases(PATCH, fixed=True)
 
 
 def gate(source: bytes):
@@ -54,10 +42,9 @@ def gate(source: bytes):
     return call
 
 
-@pytest.mark.parametrize("version", BUGGY)
+@pytest.mark.parametrize("version", patch_cases.cases(BUGGY))
 def test_rewrites_the_gate(version):
-    before, after, finding = run(version)
-    assert finding.outcome is Outcome.WOULD_APPLY
+    before, after = patch_cases.applied(PATCH, version)
     old, new = gate(before), gate(after)
     # Upstream: flashinfer_cutlass never autotunes. Patched: only on SM120.
     assert old("flashinfer_cutlass", 12) is False
@@ -73,29 +60,25 @@ def test_rewrites_the_gate(version):
     assert 'backend_str == "flashinfer_cutlass" and torch.cuda.get_device_capability()[0] == 12' in changed[1]
 
 
-@pytest.mark.parametrize("version", BUGGY)
+@pytest.mark.parametrize("version", patch_cases.cases(BUGGY))
 def test_second_pass_is_a_no_op(version):
-    _, after, _ = run(version)
-    again, again_after, finding = run(version, after)
-    assert finding.outcome is Outcome.ALREADY_APPLIED and again_after == again
+    _, after = patch_cases.applied(PATCH, version)
+    patch_cases.assert_second_pass_is_a_no_op(PATCH, version, after)
 
 
-@pytest.mark.parametrize("version", FIXED)
+@pytest.mark.parametrize("version", patch_cases.cases(FIXED))
 def test_fixed_upstream_is_detected_from_the_code(version):
-    before, after, finding = run(version)
-    assert finding.outcome is Outcome.FIXED_UPSTREAM
+    finding = patch_cases.assert_fixed_upstream(PATCH, version)
     assert "0.5.13" in finding.detail and "autotune list" in finding.detail
-    assert after == before
 
 
 def test_fixed_upstream_comes_from_shape_not_version():
     """0.5.12.post1's file with the list entry added (as upstream did) is fixed-upstream
     even though the version is in the patch's window."""
-    before = wheel_bytes("0.5.12.post1", PATCH.rewrites[0].path)
+    before = patch_cases.release_file(PATCH, "0.5.12.post1")
     edited = before.replace(b'# "flashinfer_cutlass",', b'"flashinfer_cutlass",')
     assert edited != before
-    _, after, finding = run("0.5.12.post1", edited)
-    assert finding.outcome is Outcome.FIXED_UPSTREAM and after == edited
+    patch_cases.assert_fixed_upstream(PATCH, "0.5.12.post1", edited)
 
 
 @pytest.mark.parametrize(
@@ -108,12 +91,11 @@ def test_fixed_upstream_comes_from_shape_not_version():
     ],
 )
 def test_unknown_shape_is_anchor_missing(mutation, reason):
-    before = wheel_bytes("0.5.10", PATCH.rewrites[0].path).replace(mutation, reason)
-    _, after, finding = run("0.5.10", before)
-    assert finding.outcome is Outcome.ANCHOR_MISSING and after == before
+    before = patch_cases.release_file(PATCH, "0.5.10").replace(mutation, reason)
+    patch_cases.assert_anchor_missing(PATCH, "0.5.10", before)
 
 
 def test_patched_file_is_valid_python():
-    _, after, _ = run("0.5.10")
+    _, after = patch_cases.applied(PATCH, "0.5.10")
     cst.parse_module(after)
     compile(after, "model_runner.py", "exec")

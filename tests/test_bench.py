@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from standin import PROFILES, Served, make_env_python
+from support.standin import PROFILES, Served, make_env_python
 
 from sm120kit.bench.analysis import DETAILS, BadLevels, Level, compare_rows, parse_levels, table_rows, verdict
 
@@ -260,7 +260,7 @@ def test_the_spelling_from_before_the_verb_still_compares_and_says_it_is_depreca
     ],
 )
 def test_the_client_module_of_each_release(site, version, module):
-    from conftest import install
+    from support.sites import install
 
     from sm120kit.bench.client import client_module
     from sm120kit.target import resolve_target
@@ -288,7 +288,7 @@ def test_the_standin_server_streams_generate_at_its_capacity(tmp_path):
     import http.client
     import threading
 
-    from standin import STANDIN, free_port
+    from support.standin import STANDIN, free_port
 
     port = free_port()
     env = {

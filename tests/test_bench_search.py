@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from standin import PROFILES, Served, make_env_python
+from support.standin import PROFILES, Served, make_env_python
 
 from sm120kit.bench.analysis import Level, verdict
 from sm120kit.bench.search_report import picks

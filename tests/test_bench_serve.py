@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from standin import PROFILES, Served, make_env_python
+from support.standin import PROFILES, Served, make_env_python
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-from standin import free_port, make_env_python
+from support.standin import free_port, make_env_python
 
 from sm120kit.bench import render as bench_render
 from sm120kit.bench.analysis import Level, compare_rows, verdict
@@ -190,7 +190,7 @@ def test_the_gpus_check_counts_what_cuda_visible_devices_leaves():
 
 
 def test_the_patch_check_fails_what_a_profile_needs_and_warns_in_a_survey(site):
-    from conftest import install
+    from support.sites import install
 
     install(site, "0.5.23", flashinfer=False)
     node = Snapshot(Path("/"), {}, lambda: SM120, resolve_target(site=str(site)))

@@ -19,8 +19,9 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 import pytest
-from conftest import ROOT, install, raise_version
-from standin import make_env_python
+from support.paths import ROOT
+from support.sites import install, raise_version
+from support.standin import make_env_python
 
 from sm120kit import report
 from sm120kit.cli import build_parser
@@ -435,8 +436,9 @@ def test_the_top_help_lists_every_exit_code():
 
 def test_profile_show_wraps_its_comment(tmp_path, cli):
     # "# glm5-nvfp4  (PATH)" is over 100 columns; "# (PATH)" alone fits (a path is never broken).
-    deep = tmp_path / ("d" * (90 - len(str(tmp_path / "x/glm5-nvfp4.toml"))))
+    deep = tmp_path / ("d" * max(1, 92 - len(str(tmp_path / "x/glm5-nvfp4.toml"))))
     deep.mkdir()
+    assert 88 < len(str(deep / "glm5-nvfp4.toml")) <= 97, "the test's temporary directory is too deep for its case"
     (deep / "glm5-nvfp4.toml").write_text((ROOT / "profiles" / "glm5-nvfp4.toml").read_text())
     code, out, _ = cli("profile", "show", "glm5-nvfp4", "--profile-dir", deep)
     assert code == 0

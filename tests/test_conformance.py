@@ -11,7 +11,8 @@ import sys
 
 import conformance
 import pytest
-from conftest import ROOT, WINDOW, flashinfer_pin, install, raise_version
+from support.paths import ROOT
+from support.sites import WINDOW, flashinfer_pin, install, raise_version
 
 from sm120kit import wheels
 from sm120kit.patching.registry import load_patches

@@ -20,12 +20,13 @@ from pathlib import Path
 
 import libcst  # noqa: F401  (imported once here, not in every forked run)
 import pytest
-from conftest import install
-from test_release_lifecycle import record_digest
+from support.sites import install, record_digest
 
 from sm120kit.cli import main
 
 TMP = ".sm120kit-tmp"
+# Each killed run is a fork of this process: it inherits the rewrites already computed.
+pytestmark = pytest.mark.usefixtures("rewrites_once")
 
 
 @pytest.fixture(scope="module")
@@ -128,11 +129,17 @@ def assert_finishes(cli, site: Path, vendor: Path, patched: Path, files: list[st
     assert not leftovers(site) and not list(site.glob(".sm120kit/backups/*")), f"{where}: {leftovers(site)}"
 
 
-def test_a_kill_at_any_step_of_patch_loses_nothing(templates, tmp_path, cli):
+# Each kill is followed by a verify that parses every file: the steps are dealt out to
+# SHARDS tests (step n to shard n % SHARDS), which the suite's workers run side by side.
+SHARDS = 4
+
+
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_a_kill_at_any_step_of_patch_loses_nothing(templates, tmp_path, cli, shard):
     vendor, patched, files = templates
     total = steps_of(vendor, tmp_path, ["patch"])
     assert total >= 3 * len(files)  # a backup and a replace per file at least, and the ledger
-    for n in range(1, total + 1):
+    for n in range(1 + shard, total + 1, SHARDS):
         site = fresh(vendor, tmp_path / "run")
         assert run_killed(site, ["patch"], kill_after=n) == -signal.SIGKILL, f"step {n} of {total}"
         where = f"killed after step {n} of {total} of patch"
@@ -143,10 +150,12 @@ def test_a_kill_at_any_step_of_patch_loses_nothing(templates, tmp_path, cli):
         assert_finishes(cli, site, vendor, patched, files, where)
 
 
-def test_a_kill_at_any_step_of_unpatch_loses_nothing(templates, tmp_path, cli):
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_a_kill_at_any_step_of_unpatch_loses_nothing(templates, tmp_path, cli, shard):
     vendor, patched, files = templates
     total = steps_of(patched, tmp_path, ["unpatch"])
-    for n in range(1, total + 1):
+    assert total >= SHARDS
+    for n in range(1 + shard, total + 1, SHARDS):
         site = fresh(patched, tmp_path / "run")
         assert run_killed(site, ["unpatch"], kill_after=n) == -signal.SIGKILL, f"step {n} of {total}"
         where = f"killed after step {n} of {total} of unpatch"

@@ -16,7 +16,7 @@ import sys
 import jsonschema
 import pytest
 import yaml
-from conftest import ROOT
+from support.paths import ROOT
 
 from sm120kit.cli import build_parser
 from sm120kit.cli.profiles import load_for

@@ -69,7 +69,7 @@ def render_case(name: str, target, python: str = "python3") -> list[dict]:
 
 @pytest.fixture(scope="module")
 def env_python(tmp_path_factory) -> Path:
-    from standin import make_env_python
+    from support.standin import make_env_python
 
     return make_env_python(tmp_path_factory.mktemp("k8s-env"), VERSION)
 
@@ -507,7 +507,7 @@ def regenerate() -> None:
     """Write the golden files (run by hand: `python tests/test_deploy_k8s.py`)."""
     import tempfile
 
-    from standin import make_env_python
+    from support.standin import make_env_python
 
     with tempfile.TemporaryDirectory() as tmp:
         target = resolve_target(str(make_env_python(Path(tmp), VERSION)))

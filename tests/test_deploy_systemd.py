@@ -19,8 +19,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT
-from standin import make_env_python
+from support.paths import ROOT
+from support.standin import make_env_python
 
 from sm120kit.cli import build_parser
 from sm120kit.cli.profiles import load_for

@@ -13,59 +13,13 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import install
+from support.node import BUS
+from support.node import DOCTOR_FIXTURES as FIXTURES
+from support.node import SM120_NVML as SM120
+from support.node import node_tree as node
+from support.sites import install
 
 from sm120kit.cli import main
-
-FIXTURES = Path(__file__).parent / "fixtures" / "doctor"
-SM120 = json.loads((FIXTURES / "rtx-pro-6000-x8.json").read_text())
-BUS = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db"]
-LIMITS = """Limit                     Soft Limit           Hard Limit           Units
-Max cpu time              unlimited            unlimited            seconds
-Max open files            {nofile:<20} 1048576              files
-Max locked memory         {memlock:<20} unlimited            bytes
-"""
-
-
-def node(
-    root: Path,
-    *,
-    cmdline="BOOT_IMAGE=/vmlinuz-6.8.0-49-generic ro amd_iommu=on iommu=pt",
-    hmm="Y",
-    vendor="Supermicro",
-    product="AS -4125GS-TNRT",
-    hypervisor=False,
-    shm="tmpfs /dev/shm tmpfs rw,nosuid,nodev 0 0",
-    docker=False,
-    nofile="1048576",
-    memlock="unlimited",
-    iommu_type=None,
-) -> Path:
-    files = {
-        "proc/cmdline": cmdline + "\n",
-        "proc/mounts": "sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0\n" + shm + "\n",
-        "proc/self/limits": LIMITS.format(nofile=nofile, memlock=memlock),
-        "proc/cpuinfo": "processor\t: 0\nflags\t\t: fpu vme de pse tsc msr pae sse sse2 avx2"
-        + (" hypervisor" if hypervisor else "")
-        + "\n",
-        "proc/1/environ": "",
-        "proc/1/cgroup": "0::/init.scope\n",
-        "sys/module/nvidia_uvm/parameters/uvm_disable_hmm": hmm + "\n",
-        "sys/class/dmi/id/sys_vendor": vendor + "\n",
-        "sys/class/dmi/id/product_name": product + "\n",
-        **{f"sys/bus/pci/devices/0000:{b}:00.0/numa_node": f"{i // 4}\n" for i, b in enumerate(BUS)},
-    }
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    for group in range(40):  # the domain type follows iommu=pt, unless the kernel's default says otherwise
-        (root / "sys/kernel/iommu_groups" / str(group)).mkdir(parents=True, exist_ok=True)
-        (root / "sys/kernel/iommu_groups" / str(group) / "type").write_text(
-            (iommu_type or ("identity" if "iommu=pt" in cmdline else "DMA-FQ")) + "\n"
-        )
-    if docker:
-        (root / ".dockerenv").write_text("")
-    return root
 
 
 @pytest.fixture(autouse=True)

@@ -272,7 +272,7 @@ def test_the_group_kill_reaches_a_rank_that_outlived_its_launcher(tmp_path):
     proc.wait()
     began = time.monotonic() - 5
     assert not gone(orphan)
-    assert nccl._end_group(proc.pid, began) == []
+    assert nccl.child_process.end_group(proc.pid, began) == []
     assert gone(orphan)
 
 

@@ -10,13 +10,9 @@ import textwrap
 import types
 
 import pytest
-from conftest import WINDOW, wheel_bytes
+from support import patch_cases
 
-from sm120kit.patching.registry import load_patches
-from sm120kit.patching.spec import Outcome
-from sm120kit.patching.transform import run_rewrites
-
-PATCH = next(p for p in load_patches() if p.id == "sglang-dsa-page-table-guard")
+PATCH = patch_cases.shipped_patch("sglang-dsa-page-table-guard")
 TABLE, ONE_SHOT = "dsa-page-table", "one-shot-indices"
 
 
@@ -80,23 +76,15 @@ def reader(source: bytes):
     return call
 
 
-def patched(version: str) -> tuple[bytes, bytes]:
-    [rewrite] = PATCH.rewrites_for(version)
-    before = wheel_bytes(version, rewrite.path)
-    after, [finding] = run_rewrites(before, [(PATCH, rewrite)], version, rewrite.path)
-    assert finding.outcome is Outcome.WOULD_APPLY
-    return before, after
-
-
 # What the backends' metadata objects look like: DSA/NSA metadata declares the table
 # (None unless built); FlashInfer-MLA's PrefillMetadata has no such field at all.
 DSA_WITH_TABLE = types.SimpleNamespace(page_table_1_flattened=TABLE)
 FLASHINFER_PREFILL = types.SimpleNamespace(prefill_wrapper=None)
 
 
-@pytest.mark.parametrize("version", WINDOW)
+@pytest.mark.parametrize("version", patch_cases.cases(patch_cases.releases(PATCH)))
 def test_table_present_is_used_and_missing_table_falls_back(version):
-    before, after = patched(version)
+    before, after = patch_cases.applied(PATCH, version)
     old, new = reader(before), reader(after)
     assert old(DSA_WITH_TABLE) == new(DSA_WITH_TABLE) == TABLE
     with pytest.raises(AttributeError, match="page_table_1_flattened"):
@@ -107,30 +95,24 @@ def test_table_present_is_used_and_missing_table_falls_back(version):
 
 @pytest.mark.parametrize("version", ["0.5.9", "0.5.13", "0.5.23"])
 def test_second_pass_is_a_no_op(version):
-    [rewrite] = PATCH.rewrites_for(version)
-    _, after = patched(version)
-    again, [finding] = run_rewrites(after, [(PATCH, rewrite)], version, rewrite.path)
-    assert finding.outcome is Outcome.ALREADY_APPLIED and again == after
+    _, after = patch_cases.applied(PATCH, version)
+    patch_cases.assert_second_pass_is_a_no_op(PATCH, version, after)
 
 
 def test_an_upstream_fallback_is_fixed_upstream():
     """Were upstream to add the same fallback, the patch steps aside."""
-    [rewrite] = PATCH.rewrites_for("0.5.23")
-    before = wheel_bytes("0.5.23", rewrite.path)
+    before = patch_cases.release_file(PATCH, "0.5.23")
     edited = before.replace(
         b"kv_indices = backend.forward_metadata.page_table_1_flattened",
         b"kv_indices = getattr(backend.forward_metadata, 'page_table_1_flattened', None) "
         b"or forward_batch.fetch_mha_one_shot_kv_indices()",
     )
     assert edited != before
-    after, [finding] = run_rewrites(edited, [(PATCH, rewrite)], "0.5.23", rewrite.path)
-    assert finding.outcome is Outcome.FIXED_UPSTREAM and after == edited
+    patch_cases.assert_fixed_upstream(PATCH, "0.5.23", edited)
 
 
 def test_unknown_shape_is_anchor_missing():
-    [rewrite] = PATCH.rewrites_for("0.5.23")
-    before = wheel_bytes("0.5.23", rewrite.path).replace(
+    before = patch_cases.release_file(PATCH, "0.5.23").replace(
         b"kv_indices = backend.forward_metadata.page_table_1_flattened", b"kv_indices = backend.page_table()"
     )
-    after, [finding] = run_rewrites(before, [(PATCH, rewrite)], "0.5.23", rewrite.path)
-    assert finding.outcome is Outcome.ANCHOR_MISSING and after == before
+    patch_cases.assert_anchor_missing(PATCH, "0.5.23", before)

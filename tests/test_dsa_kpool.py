@@ -12,19 +12,14 @@ import textwrap
 import types
 
 import pytest
-from conftest import WINDOW, wheel_bytes
-from packaging.version import Version
+from support import patch_cases
+from support.sites import wheel_bytes
 
-from sm120kit.patching.registry import load_patches
-from sm120kit.patching.spec import Outcome
-from sm120kit.patching.transform import run_rewrites
-
-PATCH = next(p for p in load_patches() if p.id == "sglang-dsa-kpool-sm120")
+PATCH = patch_cases.shipped_patch("sglang-dsa-kpool-sm120")
 KPOOL_FILE = "sglang/srt/layers/attention/dsa/dsa_backend_kpool.py"
 BACKEND_FILE = "sglang/srt/layers/attention/dsa_backend.py"
-FIRST = "0.5.20"
-RELEASES = [v for v in WINDOW if Version(v) >= Version(FIRST)]
-EARLIER = [v for v in WINDOW if Version(v) < Version(FIRST)]
+RELEASES = patch_cases.releases(PATCH)  # 0.5.20 on: the releases with the k-pool mixin
+EARLIER = patch_cases.uncovered(PATCH)
 SM120, SM100, SM110, SM90 = 12, 10, 11, 9
 TOPK = object()  # the indexer's top-k indices: only `is None` is asked of them
 
@@ -62,17 +57,9 @@ def _calls(node, method: str) -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == method
 
 
-def patched(version: str) -> tuple[bytes, bytes]:
-    [rewrite] = PATCH.rewrites_for(version)
-    before = wheel_bytes(version, rewrite.path)
-    after, [finding] = run_rewrites(before, [(PATCH, rewrite)], version, rewrite.path)
-    assert finding.outcome is Outcome.WOULD_APPLY, (finding.outcome, finding.detail)
-    return before, after
-
-
-@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("version", patch_cases.cases(RELEASES))
 def test_sm120_kpool_tail_stays_off_trtllm(version):
-    before, after = patched(version)
+    before, after = patch_cases.applied(PATCH, version)
     old_resolve, _ = mixin(before, SM120)
     assert old_resolve("flashmla_sparse") == "trtllm"  # the upstream path to TllmGen's Unsupported architecture
     resolve, check = mixin(after, SM120)
@@ -84,20 +71,20 @@ def test_sm120_kpool_tail_stays_off_trtllm(version):
 
 
 @pytest.mark.parametrize("major", [SM100, SM110, SM90])
-@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("version", patch_cases.cases(RELEASES))
 def test_other_gpus_keep_upstreams_choice(version, major):
-    before, after = patched(version)
+    before, after = patch_cases.applied(PATCH, version)
     (old_resolve, _), (resolve, check) = mixin(before, major), mixin(after, major)
     chosen = resolve("flashmla_sparse")
     assert chosen == old_resolve("flashmla_sparse") == ("fa3" if major == SM90 else "trtllm")
     check(chosen)  # a backend that reads the tail: no refusal
 
 
-@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("version", patch_cases.cases(RELEASES))
 def test_what_never_reached_the_redirect_is_unchanged(version):
     """Plain DSA models (index_kpool 1: GLM-5, GLM-5.1), calls without top-k indices and the
     backends other than flashmla_sparse (flashinfer_sparse_mla, tilelang...) pass through."""
-    before, after = patched(version)
+    before, after = patch_cases.applied(PATCH, version)
     for major in (SM120, SM100, SM90):
         for impl in ("flashmla_sparse", "flashinfer_sparse_mla", "tilelang", "trtllm"):
             plain_old, _ = mixin(before, major, index_kpool=1)
@@ -109,7 +96,7 @@ def test_what_never_reached_the_redirect_is_unchanged(version):
                 assert old(impl) == new(impl) == impl
 
 
-@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("version", patch_cases.cases(RELEASES))
 def test_backend_checks_the_resolved_impl_right_after(version):
     """Every caller in dsa_backend.py hands the resolved impl straight to the check, so on
     SM12x the refusal is what the user sees."""
@@ -129,10 +116,8 @@ def test_backend_checks_the_resolved_impl_right_after(version):
 
 @pytest.mark.parametrize("version", ["0.5.20", "0.5.23"])
 def test_second_pass_is_a_no_op(version):
-    [rewrite] = PATCH.rewrites_for(version)
-    _, after = patched(version)
-    again, [finding] = run_rewrites(after, [(PATCH, rewrite)], version, rewrite.path)
-    assert finding.outcome is Outcome.ALREADY_APPLIED and again == after
+    _, after = patch_cases.applied(PATCH, version)
+    patch_cases.assert_second_pass_is_a_no_op(PATCH, version, after)
 
 
 @pytest.mark.parametrize(
@@ -141,26 +126,22 @@ def test_second_pass_is_a_no_op(version):
     ids=["major-10-11", "below-12"],
 )
 def test_an_upstream_gate_is_fixed_upstream(gate):
-    [rewrite] = PATCH.rewrites_for("0.5.23")
-    before = wheel_bytes("0.5.23", rewrite.path)
+    before = patch_cases.release_file(PATCH, "0.5.23")
     edited = before.replace(
         b'if self.device_sm_major >= 10:\n            return "trtllm"', gate + b'\n            return "trtllm"'
     )
     assert edited != before
-    after, [finding] = run_rewrites(edited, [(PATCH, rewrite)], "0.5.23", rewrite.path)
-    assert finding.outcome is Outcome.FIXED_UPSTREAM and after == edited
+    patch_cases.assert_fixed_upstream(PATCH, "0.5.23", edited)
 
 
 def test_unknown_shape_is_anchor_missing():
-    [rewrite] = PATCH.rewrites_for("0.5.23")
-    before = wheel_bytes("0.5.23", rewrite.path)
+    before = patch_cases.release_file(PATCH, "0.5.23")
     edited = before.replace(b'if self.device_sm_major >= 10:\n            return "trtllm"', b'return "trtllm"')
     assert edited != before
-    after, [finding] = run_rewrites(edited, [(PATCH, rewrite)], "0.5.23", rewrite.path)
-    assert finding.outcome is Outcome.ANCHOR_MISSING and after == edited
+    patch_cases.assert_anchor_missing(PATCH, "0.5.23", edited)
 
 
-@pytest.mark.parametrize("version", EARLIER)
+@pytest.mark.parametrize("version", patch_cases.cases(EARLIER))
 def test_not_applicable_before_the_kpool_mixin(version):
     """0.5.9-0.5.19 have no k-pool tail (and no GLM-5.3-Flash model): nothing to patch."""
     assert PATCH.rewrites_for(version) == []

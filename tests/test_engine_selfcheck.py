@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import libcst as cst
 import pytest
-from conftest import install, tree_snapshot
+from support.sites import install
+from support.tree import tree_snapshot
 
 from sm120kit.patching import apply, planning
 from sm120kit.patching.cst_tools import marker_line

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import FIXTURE_PATCHES, install, patch_dir, replace_installed, tree_snapshot
 from filelock import FileLock
+from support.paths import FIXTURE_PATCHES
+from support.sites import install, patch_dir, replace_installed
+from support.tree import tree_snapshot
 
 from sm120kit.patching import transaction
 

@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import install, patch_dir, tree_snapshot
+from support.sites import install, patch_dir
+from support.tree import tree_snapshot
 
 from sm120kit.exit_codes import ExitCode
 
@@ -34,6 +35,9 @@ FILES = (FORWARD_MHA, PREFILL)
 ONLY = ("--only", "sglang-dsa-page-table-guard", "--only", "sglang-triton-smem-sm120")  # the two that write FILES
 KINDS = ("create", "write", "fsync", "rename", "unlink", "mkdir", "rmdir", "chmod")
 ERRNOS = (errno.EIO, errno.ENOSPC, errno.EROFS)
+
+# What these tests prove is the engine around the rewrite, at every step of a write.
+pytestmark = pytest.mark.usefixtures("rewrites_once")
 
 
 class Faults:
@@ -583,7 +587,7 @@ def test_a_deeply_nested_target_file_is_reported_not_parsed_with_sigsegv(templat
 def test_the_parse_gate_lets_every_real_target_file_through():
     """The gate refuses nothing the releases ship: every file a shipped patch rewrites, in
     the newest and the oldest release of the window."""
-    from conftest import WINDOW, wheel_bytes
+    from support.sites import WINDOW, wheel_bytes
 
     from sm120kit.patching import transform
     from sm120kit.patching.registry import load_patches
@@ -626,7 +630,7 @@ def test_an_unreadable_target_file_is_named_in_status(templates, tmp_path, cli, 
 
 def test_a_binary_server_args_is_named_by_serve_dry_run(tmp_path, cli):
     """serve --dry-run reads the release's server_args.py for its flags."""
-    from standin import make_env_python
+    from support.standin import make_env_python
 
     (tmp_path / "env").mkdir()
     python = make_env_python(tmp_path / "env", "0.5.23")

@@ -22,8 +22,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import install
-from standin import PROFILES
+from support.sites import install
+from support.standin import PROFILES
 
 from sm120kit.errors import UserError
 from sm120kit.fleet.plan import plan

@@ -13,7 +13,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import install, raise_version, replace_installed, tree_snapshot, wheel_bytes
+from support.sites import install, raise_version, replace_installed, wheel_bytes
+from support.tree import tree_snapshot
 
 DSA = "sglang-dsa-page-table-guard"
 SMEM = "sglang-triton-smem-sm120"

@@ -27,8 +27,8 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import http_served
-from standin import PROFILES, STANDIN, Served, make_env_python
+from support.http_server import http_served
+from support.standin import PROFILES, STANDIN, Served, make_env_python
 
 from sm120kit.bench import analysis, search
 from sm120kit.bench.analysis import Level

@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 
 import pytest
-from conftest import WINDOW, wheel_bytes
 from packaging.version import Version
+from support.sites import WINDOW, wheel_bytes
 
 from sm120kit import wheels
 from sm120kit.profiles import flags

@@ -6,7 +6,6 @@ executed (arch suffix, nvcc flags) with a faked GPU and toolkit."""
 from __future__ import annotations
 
 import ast
-import functools
 import re
 import sys
 import textwrap
@@ -15,21 +14,20 @@ import zipfile
 
 import libcst as cst
 import pytest
-from conftest import WINDOW, flashinfer_pin
 from packaging.version import Version
+from support import patch_cases
+from support.sites import WINDOW, flashinfer_pin, wheel_bytes
 
 from sm120kit import wheels
-from sm120kit.patching.registry import load_patches
 from sm120kit.patching.spec import Outcome
-from sm120kit.patching.transform import run_rewrites
 
 # sglang release -> the flashinfer-python it pins (Requires-Dist in the wheel's METADATA).
 PINS = {v: flashinfer_pin(v) for v in WINDOW}
 # Every flashinfer release the patches are proven on: the pins, then the releases past them.
 FLASHINFER_PAST_PINS = wheels.FLASHINFER_PAST_PINS
-FLASHINFER = sorted({*PINS.values(), *FLASHINFER_PAST_PINS}, key=Version)
+FLASHINFER = patch_cases.window("flashinfer-python")
 
-PATCHES = {p.id: p for p in load_patches() if p.package == "flashinfer-python"}
+PATCHES = {p.id: p for p in patch_cases.shipped_patches("flashinfer-python")}
 ARCH = PATCHES["flashinfer-sm120-arch-suffix"]
 GEMM = PATCHES["flashinfer-sm120-gemm-gdc"]
 MOE = PATCHES["flashinfer-sm120-fused-moe-gdc"]
@@ -42,34 +40,25 @@ SM120_FUNCTIONS = {
 }
 
 
+# Each patch's releases below its fix (it applies there) and from its fix on (upstream's
+# code has it), selected once here: reading the window may read the sglang wheels' pins.
+BUGGY = {p.id: patch_cases.releases(p, fixed=False) for p in PATCHES.values()}
+FIXED = {p.id: patch_cases.releases(p, fixed=True) for p in PATCHES.values()}
+
+
 def buggy(patch) -> list[str]:
-    return [v for v in FLASHINFER if Version(v) < Version(patch.fixed_in)]
+    return BUGGY[patch.id]
 
 
 def fixed(patch) -> list[str]:
-    return [v for v in FLASHINFER if Version(v) >= Version(patch.fixed_in)]
+    return FIXED[patch.id]
 
 
-def cases(select) -> list:
-    return [pytest.param(p, v, id=f"{p.id}-{v}") for p in PATCHES.values() for v in select(p)]
-
-
-@functools.cache
-def wheel_file(version: str, relpath: str) -> bytes:
-    with zipfile.ZipFile(wheels.fetch("flashinfer-python", version)) as zf:
-        return zf.read(relpath)
-
-
-def run(patch, version: str, source: bytes | None = None):
-    [rewrite] = patch.rewrites_for(version)
-    source = wheel_file(version, rewrite.path) if source is None else source
-    after, [finding] = run_rewrites(source, [(patch, rewrite)], version, rewrite.path)
-    return source, after, finding
-
-
-@functools.cache
-def patched(patch_id: str, version: str) -> bytes:
-    return run(PATCHES[patch_id], version)[1]
+def each_patch(select) -> list:
+    """(patch, release) params: each flashinfer patch on each release `select` picks for it."""
+    return [
+        pytest.param(p, *c.values, id=f"{p.id}-{c.id}") for p in PATCHES.values() for c in patch_cases.cases(select(p))
+    ]
 
 
 def without_markers(source: bytes) -> bytes:
@@ -114,10 +103,9 @@ def test_releases_past_the_pins_are_newer_than_every_pin(version):
 # -- before / after on every release that needs the patch --------------------------------
 
 
-@pytest.mark.parametrize("patch, version", cases(buggy))
+@pytest.mark.parametrize("patch, version", each_patch(buggy))
 def test_rewrites_the_release(patch, version):
-    before, after, finding = run(patch, version)
-    assert finding.outcome is Outcome.WOULD_APPLY, finding.detail
+    before, after = patch_cases.applied(patch, version)
     compile(after, "patched.py", "exec")
     old, new = before.decode().splitlines(), after.decode().splitlines()
     added = [line for line in new if line not in old]
@@ -137,47 +125,43 @@ def test_rewrites_the_release(patch, version):
         assert changed == SM120_FUNCTIONS[patch.id]
 
 
-@pytest.mark.parametrize("patch, version", cases(buggy))
+@pytest.mark.parametrize("patch, version", each_patch(buggy))
 def test_second_pass_is_a_no_op(patch, version):
-    after = patched(patch.id, version)
-    again, again_after, finding = run(patch, version, after)
-    assert finding.outcome is Outcome.ALREADY_APPLIED and again_after == again
+    _, after = patch_cases.applied(patch, version)
+    patch_cases.assert_second_pass_is_a_no_op(patch, version, after)
 
 
 # -- fixed upstream ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("patch, version", cases(fixed))
+@pytest.mark.parametrize("patch, version", each_patch(fixed))
 def test_fixed_upstream_is_detected_from_the_code(patch, version):
-    before, after, finding = run(patch, version)
-    assert finding.outcome is Outcome.FIXED_UPSTREAM, finding.detail
+    finding = patch_cases.assert_fixed_upstream(patch, version)
     assert f"fixed upstream in {patch.fixed_in}" in finding.detail
-    assert after == before
 
 
 @pytest.mark.parametrize("patch", [GEMM, MOE], ids=lambda p: p.id)
 def test_gdc_fixed_upstream_comes_from_the_code_not_the_version(patch):
     """Upstream's fix has exactly the patched shape; without our marker it is upstream's."""
     version = buggy(patch)[0]
-    edited = without_markers(patched(patch.id, version))
-    _, after, finding = run(patch, version, edited)
-    assert finding.outcome is Outcome.FIXED_UPSTREAM and after == edited
+    edited = without_markers(patch_cases.applied(patch, version)[1])
+    patch_cases.assert_fixed_upstream(patch, version, edited)
 
 
 def test_gemm_gdc_completes_a_half_fixed_file():
     """gemm_sm120 already has the flag (no marker): only fp4_gemm_cutlass_sm120 changes."""
     anchor = b"        extra_cuda_cflags=nvcc_flags,\n    )\n\n\ndef gen_trtllm_gen_gemm_module()"
-    before = wheel_file("0.6.3", GEMM.rewrites[0].path)
+    before = patch_cases.release_file(GEMM, "0.6.3")
     assert before.count(anchor) == 1
     edited = before.replace(anchor, anchor.replace(b"nvcc_flags,", b'nvcc_flags + ["' + GDC.encode() + b'"],'))
-    _, after, finding = run(GEMM, "0.6.3", edited)
+    _, after, finding = patch_cases.transform(GEMM, "0.6.3", edited)
     assert finding.outcome is Outcome.WOULD_APPLY
     assert after.decode().count(f"# sm120kit: {GEMM.id}") == 1
     assert after.count(GDC.encode()) == before.count(GDC.encode()) + 2  # the tgv module had it already
     assert {k for k, v in functions(after).items() if functions(edited)[k] != v} == {
         "gen_gemm_sm120_module_cutlass_fp4"
     }
-    assert run(GEMM, "0.6.3", after)[2].outcome is Outcome.ALREADY_APPLIED
+    patch_cases.assert_second_pass_is_a_no_op(GEMM, "0.6.3", after)
 
 
 # -- unknown shapes ----------------------------------------------------------------------
@@ -228,12 +212,10 @@ def test_gemm_gdc_completes_a_half_fixed_file():
     ],
 )
 def test_unknown_shape_is_anchor_missing(patch, version, old, new):
-    before = wheel_file(version, patch.rewrites[0].path)
+    before = patch_cases.release_file(patch, version)
     assert before.count(old) == 1
     edited = before.replace(old, new)
-    _, after, finding = run(patch, version, edited)
-    assert finding.outcome is Outcome.ANCHOR_MISSING, finding.detail
-    assert after == edited
+    patch_cases.assert_anchor_missing(patch, version, edited)
 
 
 # -- the patched code, executed ----------------------------------------------------------
@@ -275,9 +257,8 @@ CAPABILITIES = [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (11, 0
 def test_arch_suffix_matches_upstream(cuda, monkeypatch):
     """Patched 0.6.3 targets what the newest proven release targets on every GPU (where
     that one does not refuse the toolkit); unpatched 0.6.3 gives SM 12.0 compute_120a."""
-    before = wheel_file("0.6.3", ARCH.rewrites[0].path)
-    after = patched(ARCH.id, "0.6.3")
-    upstream = load_context(wheel_file(FLASHINFER[-1], ARCH.rewrites[0].path), monkeypatch, [], cuda)
+    before, after = patch_cases.applied(ARCH, "0.6.3")
+    upstream = load_context(patch_cases.release_file(ARCH, FLASHINFER[-1]), monkeypatch, [], cuda)
     for major, minor in CAPABILITIES:
         old = load_context(before, monkeypatch, [(major, minor)], cuda)().TARGET_CUDA_ARCHS
         new = load_context(after, monkeypatch, [(major, minor)], cuda)().TARGET_CUDA_ARCHS
@@ -293,7 +274,7 @@ def test_arch_suffix_matches_upstream(cuda, monkeypatch):
 
 
 def test_arch_suffix_reaches_nvcc_and_survives_an_unknown_toolkit(monkeypatch):
-    after = patched(ARCH.id, "0.6.3")
+    _, after = patch_cases.applied(ARCH, "0.6.3")
     context = load_context(after, monkeypatch, [(12, 0), (12, 0)], "13.0")()
     flags = context.get_nvcc_flags_list(supported_major_versions=[12])
     assert flags[0] == "-gencode=arch=compute_120f,code=sm_120f" and len(flags) == 3
@@ -314,9 +295,9 @@ def test_jit_workspace_of_the_real_modules(patch_it, toolkit, workspace, tmp_pat
     files = ["flashinfer/version.py", "flashinfer/_build_meta.py", "flashinfer/jit/env.py", "flashinfer/jit/cpp_ext.py"]
     for relpath in [*files, ARCH.rewrites[0].path]:
         (site / relpath).parent.mkdir(parents=True, exist_ok=True)
-        (site / relpath).write_bytes(wheel_file("0.6.3", relpath))
+        (site / relpath).write_bytes(wheel_bytes("0.6.3", relpath, "flashinfer-python"))
     if patch_it:
-        (site / ARCH.rewrites[0].path).write_bytes(patched(ARCH.id, "0.6.3"))
+        (site / ARCH.rewrites[0].path).write_bytes(patch_cases.applied(ARCH, "0.6.3")[1])
     nvcc = tmp_path / "cuda" / "bin" / "nvcc"
     nvcc.parent.mkdir(parents=True)
     nvcc.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {toolkit}, V{toolkit}.0'\n")
@@ -369,14 +350,14 @@ def moe_flags(source: bytes) -> list[str]:
     return flags
 
 
-@pytest.mark.parametrize("version", buggy(MOE))
+@pytest.mark.parametrize("version", patch_cases.cases(buggy(MOE)))
 def test_fused_moe_module_gets_the_flag(version):
-    before = wheel_file(version, MOE.rewrites[0].path)
-    old, new = moe_flags(before), moe_flags(patched(MOE.id, version))
+    before, after = patch_cases.applied(MOE, version)
+    old, new = moe_flags(before), moe_flags(after)
     assert GDC not in old
     assert new == [*old[:-1], GDC, GENCODE]  # appended to the static flags, before the arch flags
     # The same flag set upstream ships in the first fixed release.
-    assert set(new) == set(moe_flags(wheel_file(fixed(MOE)[0], MOE.rewrites[0].path)))
+    assert set(new) == set(moe_flags(patch_cases.release_file(MOE, fixed(MOE)[0])))
 
 
 def jit_cuda_flags(source: bytes, function: str) -> list[str]:
@@ -387,19 +368,19 @@ def jit_cuda_flags(source: bytes, function: str) -> list[str]:
     return eval(compile(ast.Expression(value), "flags", "eval"), {"nvcc_flags": [GENCODE]})
 
 
-@pytest.mark.parametrize("version", buggy(GEMM))
+@pytest.mark.parametrize("version", patch_cases.cases(buggy(GEMM)))
 @pytest.mark.parametrize("function", sorted(SM120_FUNCTIONS[GEMM.id]))
 def test_sm120_gemm_modules_get_the_flag(version, function):
-    before = wheel_file(version, GEMM.rewrites[0].path)
-    old, new = jit_cuda_flags(before, function), jit_cuda_flags(patched(GEMM.id, version), function)
+    before, after = patch_cases.applied(GEMM, version)
+    old, new = jit_cuda_flags(before, function), jit_cuda_flags(after, function)
     assert GDC not in old and new == [*old, GDC]
-    assert new == jit_cuda_flags(wheel_file(fixed(GEMM)[0], GEMM.rewrites[0].path), function)
+    assert new == jit_cuda_flags(patch_cases.release_file(GEMM, fixed(GEMM)[0]), function)
 
 
 # -- what a release found fixed upstream builds (the fixed-upstream outcome's ground truth) --
 
 
-@pytest.mark.parametrize("version", fixed(ARCH))
+@pytest.mark.parametrize("version", patch_cases.cases(fixed(ARCH)))
 @pytest.mark.parametrize(
     "capability, target",
     [pytest.param((12, 0), (12, "0f"), id="sm120"), pytest.param((10, 0), (10, "0a"), id="sm100")],
@@ -407,20 +388,20 @@ def test_sm120_gemm_modules_get_the_flag(version, function):
 def test_fixed_releases_target_compute_120f_on_sm120(version, capability, target, monkeypatch):
     """The release's own CompilationContext on a faked GPU and CUDA 13.0: SM 12.0 gets the
     family target the patch gives 0.6.3, SM 10.0 keeps its "a" target."""
-    context = load_context(wheel_file(version, ARCH.rewrites[0].path), monkeypatch, [capability], "13.0")()
+    context = load_context(patch_cases.release_file(ARCH, version), monkeypatch, [capability], "13.0")()
     assert {target} == context.TARGET_CUDA_ARCHS
 
 
-@pytest.mark.parametrize("version", fixed(MOE))
+@pytest.mark.parametrize("version", patch_cases.cases(fixed(MOE)))
 def test_fixed_releases_build_the_fused_moe_module_with_the_flag(version):
-    flags = moe_flags(wheel_file(version, MOE.rewrites[0].path))
+    flags = moe_flags(patch_cases.release_file(MOE, version))
     assert GDC in flags and GDC_SM90 not in flags and flags[-1] == GENCODE
 
 
-@pytest.mark.parametrize("version", fixed(GEMM))
+@pytest.mark.parametrize("version", patch_cases.cases(fixed(GEMM)))
 @pytest.mark.parametrize("function", sorted(SM120_FUNCTIONS[GEMM.id]))
 def test_fixed_releases_build_the_sm120_gemm_modules_with_the_flag(version, function):
-    flags = jit_cuda_flags(wheel_file(version, GEMM.rewrites[0].path), function)
+    flags = jit_cuda_flags(patch_cases.release_file(GEMM, version), function)
     assert GDC in flags and GDC_SM90 not in flags
 
 
@@ -444,7 +425,7 @@ def test_patch_and_unpatch_an_installed_release(cli, site, tmp_path, monkeypatch
     assert cli("patch", "--site", site, *only)[0] == 0
     assert not jit.parent.parent.exists() and other.exists()
     for path in paths:
-        assert (site / path).read_bytes() != wheel_file("0.6.3", path)
+        assert (site / path).read_bytes() != wheel_bytes("0.6.3", path, "flashinfer-python")
         compile((site / path).read_bytes(), path, "exec")
     code, doc = cli.json("status", "--site", site, *only)
     assert code == 0 and {r["outcome"] for r in doc["results"]} == {"already-applied"}
@@ -452,10 +433,10 @@ def test_patch_and_unpatch_an_installed_release(cli, site, tmp_path, monkeypatch
     assert cli("unpatch", "--site", site, *only)[0] == 0
     assert not jit.parent.parent.exists() and other.exists()
     for path in paths:
-        assert (site / path).read_bytes() == wheel_file("0.6.3", path)
+        assert (site / path).read_bytes() == wheel_bytes("0.6.3", path, "flashinfer-python")
 
 
 def test_patched_files_parse():
     for patch in PATCHES.values():
         for version in buggy(patch):
-            cst.parse_module(patched(patch.id, version))
+            cst.parse_module(patch_cases.applied(patch, version)[1])

@@ -20,65 +20,16 @@ from pathlib import Path
 
 import psutil
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from standin import PROFILES, Served, free_port, make_env_python
+from support.standin import PROFILES, REPLICAS, Fleet, make_env_python
 
 from sm120kit.serve import procs
 
 VERSION = "0.5.23"
-REPLICAS = ("replica-0", "replica-1", "replica-2")
 
 
 @pytest.fixture(scope="module")
 def env_python(tmp_path_factory) -> Path:
     return make_env_python(tmp_path_factory.mktemp("fleet-env"), VERSION)
-
-
-class Fleet(Served):
-    """`sm120kit serve standin-fleet` with a free port for the router and each replica."""
-
-    def __init__(self, tmp_path: Path, python: Path, faults: dict, sets=(), extra=(), replica_ports=None) -> None:
-        self.replica_ports = replica_ports or [free_port() for _ in REPLICAS]
-        self.requests_log = tmp_path / "requests.jsonl"
-        self.metrics_port = free_port()
-        ports = ", ".join(f"{{port={p}}}" for p in self.replica_ports)
-        super().__init__(
-            tmp_path,
-            python,
-            {"requests_log": str(self.requests_log), **faults},
-            [f"fleet.replica=[{ports}]", f"fleet.router.prometheus_port={free_port()}", *sets],
-            ["--metrics-port", str(self.metrics_port), *extra],
-            {},
-            profile="standin-fleet",
-        )
-
-    def member_state(self, name: str) -> dict:
-        return json.loads((self.dir / name / "state.json").read_text())
-
-    def answered(self) -> list[dict]:
-        lines = self.requests_log.read_text().splitlines() if self.requests_log.exists() else []
-        return [json.loads(line) for line in lines]
-
-    def generations_by_port(self) -> dict[int, int]:
-        done: dict[int, int] = {}
-        for e in self.answered():
-            if e["path"] == "/generate" and e["event"] == "end":
-                done[e["port"]] = done.get(e["port"], 0) + 1
-        return done
-
-    def metrics(self) -> dict[tuple[str, str], float]:
-        """(metric sample name, member) -> value, from our own /metrics."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
-            text = r.read().decode()
-        return {
-            (s.name, s.labels.get("member", "")): s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-            if "status" not in s.labels
-        }
-
-    def routed(self, name: str) -> int:
-        return sum(1 for e in self.events("routed") if e.get("member") == name)
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import itertools
 from pathlib import Path
 
 import pytest
-from conftest import FAKE_EPOCH as EPOCH
-from conftest import FakeClock
+from support.clock import FAKE_EPOCH as EPOCH
+from support.clock import FakeClock
 
 from sm120kit.exit_codes import ExitCode
 from sm120kit.fleet.machine import (

@@ -4,7 +4,7 @@ every layout mistake refused before anything starts, with the key and the fix.""
 from __future__ import annotations
 
 import pytest
-from standin import PROFILES
+from support.standin import PROFILES
 
 from sm120kit.errors import UserError
 from sm120kit.fleet.plan import plan

@@ -11,7 +11,8 @@ import time
 
 import psutil
 import pytest
-from conftest import install, tree_snapshot
+from support.sites import install
+from support.tree import tree_snapshot
 
 from sm120kit import target as target_module
 from sm120kit.errors import UserError

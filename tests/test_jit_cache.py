@@ -7,7 +7,7 @@ import os
 import time
 
 import pytest
-from conftest import install
+from support.sites import install
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import WINDOW, flashinfer_pin, install
 from packaging.version import Version
+from support.sites import WINDOW, flashinfer_pin, install
 
 from sm120kit.catalogue import rules
 from sm120kit.catalogue.kernels import read_table
@@ -435,7 +435,7 @@ def test_every_render_target_judges_the_launch(cli, tmp_path, renderer):
     """`render systemd|docker|k8s` refuses a launch that a rule refuses (exit 2, the
     failure named, nothing printed), as `profile check` does; --allow-known-failure
     renders it, and the unit and the container pass the allowance on to serve."""
-    from standin import make_env_python
+    from support.standin import make_env_python
 
     (tmp_path / "env").mkdir()
     python = make_env_python(tmp_path / "env", WINDOW[-1])

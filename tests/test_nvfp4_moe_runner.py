@@ -10,39 +10,23 @@ import __future__
 import ast
 import builtins
 import enum
-import functools
 import textwrap
 import types
 
 import libcst as cst
 import pytest
-from conftest import WINDOW, wheel_bytes
 from packaging.version import Version
+from support import patch_cases
+from support.sites import wheel_bytes
 
-from sm120kit.patching.registry import load_patches
 from sm120kit.patching.spec import Outcome
-from sm120kit.patching.transform import run_rewrites
 
-PATCH = next(p for p in load_patches() if p.id == "sglang-nvfp4-moe-runner-sm120")
+PATCH = patch_cases.shipped_patch("sglang-nvfp4-moe-runner-sm120")
 PATH = "sglang/srt/layers/quantization/modelopt_quant.py"
-IN_RANGE = [v for v in WINDOW if PATCH.rewrites_for(v)]
-BELOW = [v for v in WINDOW if not PATCH.rewrites_for(v)]
+IN_RANGE = patch_cases.releases(PATCH)
+BELOW = patch_cases.uncovered(PATCH)
 SM120, SM100, SM90 = (12, 0), (10, 0), (9, 0)
 MARKER = "# sm120kit: sglang-nvfp4-moe-runner-sm120 r1"
-
-
-def run(version: str, source: bytes | None = None):
-    if source is None:
-        return _run_release(version)
-    [rewrite] = PATCH.rewrites_for(version)
-    after, [finding] = run_rewrites(source, [(PATCH, rewrite)], version, PATH)
-    return source, after, finding
-
-
-@functools.cache
-def _run_release(version: str):
-    """The release's own file, before and after (libcst takes a second over it)."""
-    return run(version, wheel_bytes(version, PATH))
 
 
 # -- stand-ins for what the method reads from the rest of sglang ---------------------------
@@ -210,10 +194,9 @@ def chosen(source: bytes, capability, backend: str = "auto", ep_size: int = 1):
 # -- the rewrite ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version", IN_RANGE)
+@pytest.mark.parametrize("version", patch_cases.cases(IN_RANGE))
 def test_rewrites_the_resolution_and_the_switch(version):
-    before, after, finding = run(version)
-    assert finding.outcome is Outcome.WOULD_APPLY
+    before, after = patch_cases.applied(PATCH, version)
     old, new = before.decode().splitlines(), after.decode().splitlines()
     added = [line.strip() for line in new if line not in old]
     removed = [line.strip() for line in old if line not in new]
@@ -228,11 +211,10 @@ def test_rewrites_the_resolution_and_the_switch(version):
     compile(after, PATH, "exec")
 
 
-@pytest.mark.parametrize("version", IN_RANGE)
+@pytest.mark.parametrize("version", patch_cases.cases(IN_RANGE))
 def test_second_pass_is_a_no_op(version):
-    _, after, _ = run(version)
-    again, again_after, finding = run(version, after)
-    assert finding.outcome is Outcome.ALREADY_APPLIED and again_after == again
+    _, after = patch_cases.applied(PATCH, version)
+    patch_cases.assert_second_pass_is_a_no_op(PATCH, version, after)
 
 
 # -- behaviour: the release's own code, SM120 and SM100 ------------------------------------
@@ -240,9 +222,9 @@ def test_second_pass_is_a_no_op(version):
 T, C, M = MoeRunnerBackend.FLASHINFER_TRTLLM, MoeRunnerBackend.FLASHINFER_CUTLASS, MoeRunnerBackend.MARLIN
 
 
-@pytest.mark.parametrize("version", IN_RANGE)
+@pytest.mark.parametrize("version", patch_cases.cases(IN_RANGE))
 def test_auto_resolves_to_flashinfer_cutlass_on_sm120_only(version):
-    before, after, _ = run(version)
+    before, after = patch_cases.applied(PATCH, version)
     # Upstream: SM120 gets the SM100-only TRT-LLM runner, and the switch stays off.
     assert chosen(before, SM120)[::2] == (T, False)
     resolved, runner, switch = chosen(after, SM120)
@@ -255,22 +237,22 @@ def test_auto_resolves_to_flashinfer_cutlass_on_sm120_only(version):
         assert chosen(after, capability)[::2] == (expected, False)
 
 
-@pytest.mark.parametrize("version", IN_RANGE)
+@pytest.mark.parametrize("version", patch_cases.cases(IN_RANGE))
 def test_sm120_registers_the_cutlass_fused_func(version):
     """MoeRunner(FLASHINFER_CUTLASS) finds its fused func only once create_moe_runner has
     imported the module that registers it (0.5.15+)."""
-    _, after, _ = run(version)
+    _, after = patch_cases.applied(PATCH, version)
     release = Release(after, SM120)
     release.build()
     imported = "sglang.srt.layers.moe.moe_runner.flashinfer_cutlass" in release.imports
     assert imported is (Version(version) >= Version("0.5.15"))
 
 
-@pytest.mark.parametrize("version", IN_RANGE)
+@pytest.mark.parametrize("version", patch_cases.cases(IN_RANGE))
 def test_several_ep_ranks_keep_upstreams_choice(version):
     """The token dispatcher reads the global `auto` and remaps expert ids to the local
     rank; the CUTLASS kernel wants global ids, so with EP > 1 the patch stays out."""
-    before, after, _ = run(version)
+    before, after = patch_cases.applied(PATCH, version)
     assert chosen(after, SM120, ep_size=8) == chosen(before, SM120, ep_size=8)
     assert chosen(after, SM120, ep_size=8)[::2] == (T, False)
 
@@ -280,7 +262,7 @@ def test_several_ep_ranks_keep_upstreams_choice(version):
     "backend", ["flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_trtllm_routed", "flashinfer_cutedsl", "marlin"]
 )
 def test_an_explicit_backend_is_left_alone(version, backend):
-    before, after, _ = run(version)
+    before, after = patch_cases.applied(PATCH, version)
     for capability in (SM120, SM100):
         assert chosen(after, capability, backend) == chosen(before, capability, backend)
         assert chosen(after, capability, backend)[0] is MoeRunnerBackend(backend)
@@ -306,11 +288,11 @@ def first_forward(source: bytes, capability) -> str:
         return f"{type(exc).__name__}: {exc}"
 
 
-@pytest.mark.parametrize("version", IN_RANGE)
+@pytest.mark.parametrize("version", patch_cases.cases(IN_RANGE))
 def test_first_forward_on_sm120(version):
     """The symptom, as the release's own apply() produces it, and the fix: the first forward
     on SM120 reaches FlashInfer's CUTLASS MoE. SM100 goes where it went before."""
-    before, after, _ = run(version)
+    before, after = patch_cases.applied(PATCH, version)
     assert first_forward(before, SM120) == _upstream_first_forward(version)
     assert first_forward(after, SM120) == "flashinfer-cutlass"
     assert first_forward(after, SM100) == first_forward(before, SM100)
@@ -319,7 +301,7 @@ def test_first_forward_on_sm120(version):
 # -- no-op cases ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version", BELOW)
+@pytest.mark.parametrize("version", patch_cases.cases(BELOW))
 def test_releases_below_the_range_keep_no_resolved_backend(version):
     """Before 0.5.13 create_moe_runner keeps no resolution for the switch to follow, and the
     NVFP4 apply() dispatches on the global flags alone (auto falls through to sgl-kernel)."""
@@ -348,14 +330,13 @@ def _upstream_fix(source: bytes) -> bytes:
 
 
 def test_fixed_upstream_is_detected_from_the_code():
-    edited = _upstream_fix(wheel_bytes("0.5.23", PATH))
-    _, after, finding = run("0.5.23", edited)
-    assert finding.outcome is Outcome.FIXED_UPSTREAM and after == edited
+    edited = _upstream_fix(patch_cases.release_file(PATCH, "0.5.23"))
+    finding = patch_cases.assert_fixed_upstream(PATCH, "0.5.23", edited)
     assert "FLASHINFER_CUTLASS" in finding.detail
 
 
 def test_a_fix_that_moves_the_choice_into_a_helper_is_fixed_upstream():
-    source = wheel_bytes("0.5.23", PATH)
+    source = patch_cases.release_file(PATCH, "0.5.23")
     helper = (
         b"def _resolve_nvfp4_backend(backend):\n"
         b"    if backend.is_auto():\n"
@@ -374,20 +355,19 @@ def test_a_fix_that_moves_the_choice_into_a_helper_is_fixed_upstream():
         b"return get_moe_runner_backend().is_flashinfer_cutlass()",
         b"return self._moe_runner_backend.is_flashinfer_cutlass()",
     )
-    _, after, finding = run("0.5.23", edited)
-    assert finding.outcome is Outcome.FIXED_UPSTREAM and after == edited
+    patch_cases.assert_fixed_upstream(PATCH, "0.5.23", edited)
 
 
 def test_a_half_fix_gets_the_other_half():
     """Upstream resolving auto to CUTLASS on SM120 with the switch still global: only the
     switch is rewritten, and SM120 then runs the CUTLASS path."""
-    source = wheel_bytes("0.5.23", PATH)
+    source = patch_cases.release_file(PATCH, "0.5.23")
     resolved_only = _upstream_fix(source).replace(
         b"return self._moe_runner_backend.is_flashinfer_cutlass()",
         b"return get_moe_runner_backend().is_flashinfer_cutlass()",
     )
     assert chosen(resolved_only, SM120)[::2] == (C, False)
-    _, after, finding = run("0.5.23", resolved_only)
+    _, after, finding = patch_cases.transform(PATCH, "0.5.23", resolved_only)
     assert finding.outcome is Outcome.WOULD_APPLY
     assert after.count(MARKER.encode()) == 1 and b"follow the backend" in after
     assert chosen(after, SM120)[::2] == (C, True)
@@ -416,13 +396,12 @@ def test_a_half_fix_gets_the_other_half():
     ],
 )
 def test_unknown_shape_is_anchor_missing(mutation, reason):
-    source = wheel_bytes("0.5.23", PATH)
+    source = patch_cases.release_file(PATCH, "0.5.23")
     assert source.count(mutation) == 1
     edited = source.replace(mutation, reason)
-    _, after, finding = run("0.5.23", edited)
-    assert finding.outcome is Outcome.ANCHOR_MISSING and after == edited
+    patch_cases.assert_anchor_missing(PATCH, "0.5.23", edited)
 
 
 def test_patched_file_parses():
-    _, after, _ = run(IN_RANGE[-1])
+    _, after = patch_cases.applied(PATCH, IN_RANGE[-1])
     cst.parse_module(after)

@@ -1,9 +1,10 @@
-"""The outcome cache stands in for the transforms only for the exact bytes it saw."""
+"""The outcome cache stands in for reading a file (the patches' quick reads, or the
+transforms) only for the exact bytes it saw."""
 
 from __future__ import annotations
 
 import pytest
-from conftest import install
+from support.sites import install
 
 from sm120kit.patching import apply, transform
 from sm120kit.patching.registry import load_patches
@@ -17,14 +18,23 @@ pytestmark = pytest.mark.cold_cache  # each test counts the parses a cold cache 
 
 @pytest.fixture
 def counted(monkeypatch):
+    """The files whose verdicts were read from their bytes: by the transforms, or by the
+    quick reads where those told every verdict."""
     calls = []
-    real = transform.run_rewrites
+    real, quick = transform.run_rewrites, transform.quick_verdicts
 
     def counting(*args, **kwargs):
         calls.append(args[3])
         return real(*args, **kwargs)
 
+    def quick_counting(*args, **kwargs):
+        found = quick(*args, **kwargs)
+        if found is not None:
+            calls.append(args[3])
+        return found
+
     monkeypatch.setattr(transform, "run_rewrites", counting)
+    monkeypatch.setattr(transform, "quick_verdicts", quick_counting)
     return calls
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import ROOT, install
+from support.paths import ROOT
+from support.sites import install
 
 from sm120kit import __version__
 from sm120kit.patching import seed, transform
@@ -52,11 +53,12 @@ def test_a_changed_file_misses_the_seed(cli, site, seeded, monkeypatch):
     install(site, "0.5.23", flashinfer=False)
     target = site / "sglang/srt/layers/attention/dsa/dsa_backend_kpool.py"
     target.write_bytes(target.read_bytes() + b"\n# a local edit\n")
-    parsed = []
-    real = transform.run_rewrites
-    monkeypatch.setattr(transform, "run_rewrites", lambda *a, **k: parsed.append(a[3]) or real(*a, **k))
+    read = []  # the files whose verdicts were read from their bytes (quick reads, else the transforms)
+    real, quick = transform.run_rewrites, transform.quick_verdicts
+    monkeypatch.setattr(transform, "run_rewrites", lambda *a, **k: read.append(a[3]) or real(*a, **k))
+    monkeypatch.setattr(transform, "quick_verdicts", lambda *a, **k: read.append(a[3]) or quick(*a, **k))
     cli("status", "--site", site)
-    assert parsed == ["sglang/srt/layers/attention/dsa/dsa_backend_kpool.py"]
+    assert read == ["sglang/srt/layers/attention/dsa/dsa_backend_kpool.py"]
 
 
 @pytest.mark.parametrize("damage", [b"", b"{not json", b'{"outcomes": []}', b'{"outcomes": {"k": 1}}'])

@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from conftest import install
+from support.sites import install
 
 
 def test_profiles_lists_the_shipped_ones(cli):

@@ -9,9 +9,10 @@ import json
 import zipfile
 
 import pytest
-from conftest import ROOT, WINDOW, install
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
+from support.paths import ROOT
+from support.sites import WINDOW, install
 
 from sm120kit import wheels
 from sm120kit.errors import UserError

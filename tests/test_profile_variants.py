@@ -14,9 +14,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, WINDOW, flashinfer_pin, install
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
+from support.paths import ROOT
+from support.sites import WINDOW, flashinfer_pin, install
 
 from sm120kit import wheels
 from sm120kit.bench.variant_plan import plan

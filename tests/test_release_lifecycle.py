@@ -6,24 +6,14 @@ RECORD agrees."""
 
 from __future__ import annotations
 
-import base64
-import csv
 import hashlib
 
 import pytest
-from conftest import WINDOW, flashinfer_pin, install, next_release, wheel_bytes
 from packaging.version import Version
+from support.sites import WINDOW, flashinfer_pin, install, next_release, record_digest, wheel_bytes
 
 AUTOTUNE = "sglang-moe-autotune-flashinfer-cutlass"
 SETTLED = {"fixed-upstream", "not-applicable"}
-
-
-def record_digest(site, package: str, relpath: str) -> bytes:
-    [dist_info] = site.glob(f"{package.replace('-', '_')}-*.dist-info")
-    for row in csv.reader((dist_info / "RECORD").read_text().splitlines()):
-        if row[0] == relpath:
-            return base64.urlsafe_b64decode(row[1].split("=", 1)[1] + "==")
-    raise KeyError(relpath)
 
 
 def outcomes(doc: dict) -> dict[tuple[str, str], str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import resolution_matrix as matrix
-from conftest import install
+from support.sites import install
 
 from sm120kit.catalogue.kernels import read_table
 from sm120kit.resolution import run

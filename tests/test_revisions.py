@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import install, patch_dir, tree_snapshot, wheel_bytes
-from test_release_lifecycle import record_digest
+from support.sites import install, patch_dir, record_digest, wheel_bytes
+from support.tree import tree_snapshot
 
 from sm120kit.patching.registry import load_patches, shipped_dir
 

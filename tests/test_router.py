@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 import sglang_router  # the test extra's real router: missing, the run fails rather than skip it
-from standin import STANDIN, free_port
+from support.standin import STANDIN, free_port
 
 from sm120kit.errors import UserError
 from sm120kit.fleet.router import (

@@ -25,46 +25,51 @@ import functools
 
 import pytest
 import triton  # noqa: F401 -- the test extra's: a missing Triton fails the run rather than skip it
-from conftest import WINDOW, wheel_bytes
 from packaging.version import Version
+from support import patch_cases
+from support.sites import wheel_bytes
 
-from sm120kit.patching.registry import load_patches
-from sm120kit.patching.spec import Outcome
-from sm120kit.patching.transform import run_rewrites
 from sm120kit.tune import aot, kernels
 from sm120kit.tune.shape import MoeShape
 
 LIMIT = aot.SM120_SMEM_OPTIN
 SM120, HOPPER = (12, 0), (9, 0)
-PATCH_ID = "sglang-triton-smem-sm120"
-ATTENTION_RELEASES = ("0.5.9", "0.5.15.post1", "0.5.16", "0.5.23")
-MOE_BUGGY, MOE_FIXED = ("0.5.9", "0.5.13.post1"), ("0.5.14", "0.5.23")
+PATCH = patch_cases.shipped_patch("sglang-triton-smem-sm120")
+EXTEND, PREFILL, MOE_CONFIG = "extend_attention.py", "prefill_attention.py", "fused_moe_triton_config.py"
+
+
+def ends(versions: list[str]) -> tuple[str, ...]:
+    return (versions[0], versions[-1])
+
+
+# The releases the patch declares, picked per code shape (the module's docstring says why).
+ATTENTION_RELEASES = tuple(
+    v for r in PATCH.rewrites if r.path.endswith(PREFILL) for v in ends(patch_cases.releases(PATCH, path=r.path))
+)
+MOE_BUGGY, MOE_FIXED = (
+    ends(patch_cases.releases(PATCH, path=MOE_CONFIG, fixed=False)),
+    ends(patch_cases.releases(PATCH, path=MOE_CONFIG, fixed=True)),
+)
 MLA = (576, 512)  # absorbed MLA (DeepSeek, GLM-5)
 EXTEND_DIMS = (MLA, (256, 256), (192, 128), (128, 128))  # (Lq, Lv)
 HEAD_DIMS = (64, 80, 96, 128, 256)
 
 
-def _at_least(version: str, first: str) -> bool:
-    return Version(version) >= Version(first)
-
-
 def extend_path(v: str) -> str:
-    where = "kernels/ops/attention" if _at_least(v, "0.5.16") else "srt/layers/attention/triton_ops"
-    return f"sglang/{where}/extend_attention.py"
+    return patch_cases.rewrite_of(PATCH, v, EXTEND).path
 
 
 def prefill_path(v: str) -> str:
-    where = "kernels/ops/attention" if _at_least(v, "0.5.16") else "srt/layers/attention/triton_ops"
-    return f"sglang/{where}/prefill_attention.py"
+    return patch_cases.rewrite_of(PATCH, v, PREFILL).path
 
 
 def moe_config_path(v: str) -> str:
-    where = "moe_runner/triton_utils" if _at_least(v, "0.5.11") else "fused_moe_triton"
-    return f"sglang/srt/layers/moe/{where}/fused_moe_triton_config.py"
+    return patch_cases.rewrite_of(PATCH, v, MOE_CONFIG).path
 
 
 def moe_kernels_path(v: str) -> str:
-    if _at_least(v, "0.5.16"):
+    """The kernels beside the config (not a file the patch touches)."""
+    if Version(v) >= Version("0.5.16"):
         return "sglang/kernels/ops/moe/fused_moe_triton_kernels.py"
     return moe_config_path(v).replace("_config.py", "_kernels.py")
 
@@ -88,34 +93,10 @@ def load(tmp_path_factory):
 
     @functools.cache
     def load(version: str, relpath: str, patched: bool = False):
-        source = patched_bytes(version, relpath) if patched else wheel_bytes(version, relpath)
+        source = patch_cases.applied(PATCH, version, relpath)[1] if patched else wheel_bytes(version, relpath)
         return aot.load_kernels(source, tmp)
 
     return load
-
-
-@functools.cache
-def smem_patch():
-    """The shipped patch; a renamed or missing one fails every test that proves it."""
-    patch = next((p for p in load_patches() if p.id == PATCH_ID), None)
-    if patch is None:
-        pytest.fail(f"no shipped patch has the id {PATCH_ID} (patches/sglang/triton_smem_sm120.py)", pytrace=False)
-    return patch
-
-
-def rewrite_file(version: str, relpath: str):
-    patch = smem_patch()
-    rewrites = [r for r in patch.rewrites_for(version) if r.path == relpath]
-    assert len(rewrites) == 1, f"{PATCH_ID} has {len(rewrites)} rewrites of {relpath} for {version}"
-    before = wheel_bytes(version, relpath)
-    after, [finding] = run_rewrites(before, [(patch, rewrites[0])], version, relpath)
-    return after, finding
-
-
-def patched_bytes(version: str, relpath: str) -> bytes:
-    after, finding = rewrite_file(version, relpath)
-    assert finding.outcome is Outcome.WOULD_APPLY, (finding.outcome, finding.detail)
-    return after
 
 
 # --- launches, with the arguments sglang's launchers pass --------------------------------
@@ -250,7 +231,7 @@ def test_extend_sm120_branch_fits(load, version, lq_lv):
     assert launch.shared_bytes() <= LIMIT, tiles(launch)
 
 
-@pytest.mark.parametrize("version", WINDOW)
+@pytest.mark.parametrize("version", patch_cases.cases(patch_cases.releases(PATCH, path=EXTEND)))
 def test_extend_sm120_selection_matches_the_compiled_releases(load, version):
     """Every release selects for (12, 0) what the compiled releases select, and on MLA that
     differs from its Hopper choice (the branch is really taken)."""
@@ -316,5 +297,4 @@ def test_moe_fp8_default_upstream_low_smem_fits(load, version, m):
     assert config != moe_config(load(version, relpath), m, HOPPER)
     launch = moe_launch(load(version, moe_kernels_path(version)), config, m, SM120)
     assert launch.shared_bytes() <= LIMIT, tiles(launch)
-    after, finding = rewrite_file(version, relpath)  # and the patch leaves them alone
-    assert finding.outcome is Outcome.FIXED_UPSTREAM and after == wheel_bytes(version, relpath)
+    patch_cases.assert_fixed_upstream(PATCH, version, path=relpath)  # and the patch leaves them alone

@@ -16,8 +16,8 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import http_served
-from standin import PROFILES, STANDIN, Served, free_port, make_env_python
+from support.http_server import http_served
+from support.standin import PROFILES, STANDIN, Served, free_port, make_env_python
 
 from sm120kit.exit_codes import ExitCode
 from sm120kit.quality import baseline, detectors, tasks

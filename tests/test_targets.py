@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import FIXTURE_PATCHES, install, wheel_bytes
+from support.paths import FIXTURE_PATCHES
+from support.sites import install, wheel_bytes
 
 GATE = "sglang/srt/model_executor/model_runner.py"
 AUTOTUNE = ("--only", "sglang-moe-autotune-flashinfer-cutlass")

@@ -16,17 +16,13 @@ import types
 
 import libcst as cst
 import pytest
-from conftest import WINDOW, wheel_bytes
 from packaging.version import Version
+from support import patch_cases
+from support.sites import wheel_bytes
 
-from sm120kit.patching.registry import load_patches
-from sm120kit.patching.spec import Outcome
-from sm120kit.patching.transform import run_rewrites
-
-PATCH = next(p for p in load_patches() if p.id == "sglang-trtllm-mha-fp8-kv-sm120")
-RESOLVER_PATH = "sglang/srt/mem_cache/kv_cache_dtype.py"
-BUGGY = [v for v in WINDOW if Version(v) >= Version("0.5.19")]
-PREFILL_REFUSED = [v for v in WINDOW if Version(v) < Version("0.5.19")]
+PATCH = patch_cases.shipped_patch("sglang-trtllm-mha-fp8-kv-sm120")
+BUGGY = patch_cases.releases(PATCH)  # 0.5.19 on: trtllm_mha may prefill on SM12x, and `auto` picks the checkpoint's FP8
+PREFILL_REFUSED = patch_cases.uncovered(PATCH)
 FP8_CHECKPOINT = types.SimpleNamespace(quant_config=types.SimpleNamespace(kv_cache_quant_algo="FP8"))
 BF16_CHECKPOINT = types.SimpleNamespace(quant_config=types.SimpleNamespace(kv_cache_quant_algo=None))
 
@@ -133,7 +129,7 @@ def arg_check(version: str):
     return call
 
 
-@pytest.mark.parametrize("version", PREFILL_REFUSED)
+@pytest.mark.parametrize("version", patch_cases.cases(PREFILL_REFUSED))
 def test_before_0_5_19_trtllm_mha_cannot_prefill_on_sm12x_so_the_patch_stays_out(version):
     check = arg_check(version)
     assert check(12, "auto").startswith("refused: TRTLLM MHA backend")
@@ -141,7 +137,7 @@ def test_before_0_5_19_trtllm_mha_cannot_prefill_on_sm12x_so_the_patch_stays_out
     assert PATCH.rewrites_for(version) == []
 
 
-@pytest.mark.parametrize("version", BUGGY)
+@pytest.mark.parametrize("version", patch_cases.cases(BUGGY))
 def test_upstream_refuses_explicit_fp8_on_sm12x_but_lets_auto_through(version):
     check = arg_check(version)
     assert (
@@ -154,13 +150,6 @@ def test_upstream_refuses_explicit_fp8_on_sm12x_but_lets_auto_through(version):
 
 
 # -- the KV-dtype resolver, before and after ----------------------------------------------
-
-
-def run(version: str, source: bytes | None = None):
-    [rewrite] = PATCH.rewrites_for(version)
-    source = wheel_bytes(version, rewrite.path) if source is None else source
-    after, [finding] = run_rewrites(source, [(PATCH, rewrite)], version, rewrite.path)
-    return source, after, finding
 
 
 @pytest.fixture
@@ -214,10 +203,9 @@ def resolver(source: bytes):
     return call
 
 
-@pytest.mark.parametrize("version", BUGGY)
+@pytest.mark.parametrize("version", patch_cases.cases(BUGGY))
 def test_auto_fp8_checkpoint_on_sm12x_trtllm_mha_keeps_model_dtype(version, prefill_backend):
-    before, after, finding = run(version)
-    assert finding.outcome is Outcome.WOULD_APPLY
+    before, after = patch_cases.applied(PATCH, version)
     old, new = resolver(before), resolver(after)
 
     # Upstream: the checkpoint's FP8 wins on SM12x too, and FMHAv2 prefill then raises.
@@ -238,7 +226,7 @@ def test_auto_fp8_checkpoint_on_sm12x_trtllm_mha_keeps_model_dtype(version, pref
         assert new(major, "auto", BF16_CHECKPOINT) == old(major, "auto", BF16_CHECKPOINT) == (None, "bfloat16", [])
 
 
-@pytest.mark.parametrize("version", BUGGY)
+@pytest.mark.parametrize("version", patch_cases.cases(BUGGY))
 def test_the_release_has_the_backend_pair_the_patch_reads(version):
     """`sglang.srt.runtime_context.attention_backends()` exists, takes nothing and returns
     attention_backends_of(...), the (prefill, decode) pair the argument check tested."""
@@ -253,15 +241,14 @@ def test_the_release_has_the_backend_pair_the_patch_reads(version):
 @pytest.mark.parametrize("backend", ["flashinfer", "triton", "fa4"])
 def test_other_prefill_backends_keep_the_fp8_kv_cache_on_sm12x(version, backend, prefill_backend):
     prefill_backend["prefill"] = backend
-    before, after, _ = run(version)
+    before, after = patch_cases.applied(PATCH, version)
     assert resolver(after)(12, "auto") == resolver(before)(12, "auto") == ("fp8_e4m3", "float8_e4m3fn", [])
 
 
-@pytest.mark.parametrize("version", BUGGY)
+@pytest.mark.parametrize("version", patch_cases.cases(BUGGY))
 def test_second_pass_is_a_no_op_and_the_diff_is_the_branch(version):
-    before, after, _ = run(version)
-    again, again_after, finding = run(version, after)
-    assert finding.outcome is Outcome.ALREADY_APPLIED and again_after == again
+    before, after = patch_cases.applied(PATCH, version)
+    patch_cases.assert_second_pass_is_a_no_op(PATCH, version, after)
     added = [line for line in after.decode().splitlines() if line not in before.decode().splitlines()]
     assert "# sm120kit: sglang-trtllm-mha-fp8-kv-sm120 r1" in added[0]
     assert added[1].strip() == "from sglang.srt.runtime_context import attention_backends"
@@ -272,14 +259,13 @@ def test_second_pass_is_a_no_op_and_the_diff_is_the_branch(version):
 
 def test_an_upstream_backend_check_is_fixed_upstream():
     """Were the resolver to weigh trtllm_mha itself (as a fix of #39807 would), the patch steps aside."""
-    before = wheel_bytes("0.5.23", RESOLVER_PATH)
+    before = patch_cases.release_file(PATCH, "0.5.23")
     edited = before.replace(
         b'and kv_cache_quant_algo.upper() == "FP8"',
         b'and kv_cache_quant_algo.upper() == "FP8"\n            and prefill_attention_backend != "trtllm_mha"',
     )
     assert edited != before
-    _, after, finding = run("0.5.23", edited)
-    assert finding.outcome is Outcome.FIXED_UPSTREAM and after == edited
+    finding = patch_cases.assert_fixed_upstream(PATCH, "0.5.23", edited)
     assert "trtllm_mha" in finding.detail
 
 
@@ -298,8 +284,7 @@ def test_an_upstream_backend_check_is_fixed_upstream():
     ],
 )
 def test_unknown_shape_is_anchor_missing(mutation, reshaped):
-    before = wheel_bytes("0.5.23", RESOLVER_PATH)
+    before = patch_cases.release_file(PATCH, "0.5.23")
     edited = before.replace(mutation, reshaped, 1)
     assert edited != before
-    _, after, finding = run("0.5.23", edited)
-    assert finding.outcome is Outcome.ANCHOR_MISSING and after == edited
+    patch_cases.assert_anchor_missing(PATCH, "0.5.23", edited)

@@ -12,25 +12,14 @@ import typing
 
 import libcst as cst
 import pytest
-from conftest import WINDOW, wheel_bytes
 from packaging.version import Version
+from support import patch_cases
+from support.sites import WINDOW, wheel_bytes
 
-from sm120kit.patching.registry import load_patches
-from sm120kit.patching.spec import Outcome
-from sm120kit.patching.transform import run_rewrites
-
-PATCH = next(p for p in load_patches() if p.id == "sglang-trtllm-mla-prefill-sm120")
+PATCH = patch_cases.shipped_patch("sglang-trtllm-mla-prefill-sm120")
+RELEASES = patch_cases.releases(PATCH)  # the window: server_args.py's method to 0.5.14, overrides.py's pass from 0.5.15
 MARKER = "# sm120kit: sglang-trtllm-mla-prefill-sm120 r1"
-METHOD_RELEASES = [v for v in WINDOW if Version(v) < Version("0.5.15")]
-PASS_RELEASES = [v for v in WINDOW if Version(v) >= Version("0.5.15")]
 SM120, SM100 = 12, 10
-
-
-def run(version: str, source: bytes | None = None):
-    [rewrite] = PATCH.rewrites_for(version)
-    source = wheel_bytes(version, rewrite.path) if source is None else source
-    after, [finding] = run_rewrites(source, [(PATCH, rewrite)], version, rewrite.path)
-    return source, after, finding
 
 
 def _function(source: bytes, name: str, cls: str | None = None) -> str:
@@ -166,10 +155,9 @@ TRTLLM_MLA = {"attention_backend": "trtllm_mla"}
 SPLIT_BOTH_TRTLLM = {"prefill_attention_backend": "trtllm_mla", "decode_attention_backend": "trtllm_mla"}
 
 
-@pytest.mark.parametrize("version", WINDOW)
+@pytest.mark.parametrize("version", patch_cases.cases(RELEASES))
 def test_sm120_prefills_on_flashinfer_and_decodes_on_trtllm_mla(version, caplog):
-    before, after, finding = run(version)
-    assert finding.outcome is Outcome.WOULD_APPLY
+    before, after = patch_cases.applied(PATCH, version)
     old, new = resolver(version, before), resolver(version, after)
     # Upstream: SM120 keeps trtllm_mla for prefill, whose kernel refuses SM12x.
     assert old(SM120, **TRTLLM_MLA) == ("trtllm_mla", "trtllm_mla")
@@ -186,9 +174,9 @@ def test_sm120_prefills_on_flashinfer_and_decodes_on_trtllm_mla(version, caplog)
     assert new(SM100, **SPLIT_BOTH_TRTLLM) == old(SM100, **SPLIT_BOTH_TRTLLM) == ("trtllm_mla", "trtllm_mla")
 
 
-@pytest.mark.parametrize("version", WINDOW)
+@pytest.mark.parametrize("version", patch_cases.cases(RELEASES))
 def test_sm120_other_choices_are_upstreams(version):
-    before, after, _ = run(version)
+    before, after = patch_cases.applied(PATCH, version)
     old, new = resolver(version, before), resolver(version, after)
     for major in (SM120, SM100):
         for fields in (
@@ -209,7 +197,7 @@ def test_sm120_other_choices_are_upstreams(version):
 def test_trtllm_mla_validation_still_runs_on_sm120(version):
     """The branch comes after sglang's own trtllm_mla checks: a KV dtype that trtllm_mla
     decode cannot take is still refused, and pre-Blackwell GPUs are still refused."""
-    _, after, _ = run(version)
+    _, after = patch_cases.applied(PATCH, version)
     new = resolver(version, after)
     with pytest.raises(ValueError, match="kv-cache-dtype"):
         new(SM120, attention_backend="trtllm_mla", kv_cache_dtype="fp8_e5m2")
@@ -217,9 +205,9 @@ def test_trtllm_mla_validation_still_runs_on_sm120(version):
         new(9, attention_backend="trtllm_mla")
 
 
-@pytest.mark.parametrize("version", WINDOW)
+@pytest.mark.parametrize("version", patch_cases.cases(RELEASES))
 def test_the_diff_is_one_marked_branch(version):
-    before, after, _ = run(version)
+    before, after = patch_cases.applied(PATCH, version)
     old_lines, new_lines = before.decode().splitlines(), after.decode().splitlines()
     added = [line for line in new_lines if line not in old_lines]
     assert len(new_lines) == len(old_lines) + 4 and len(added) == 4
@@ -233,15 +221,14 @@ def test_the_diff_is_one_marked_branch(version):
 
 @pytest.mark.parametrize("version", ["0.5.9", "0.5.14", "0.5.15", "0.5.18", "0.5.19", "0.5.23"])
 def test_second_pass_is_a_no_op(version):
-    _, after, _ = run(version)
-    again, again_after, finding = run(version, after)
-    assert finding.outcome is Outcome.ALREADY_APPLIED and again_after == again
+    _, after = patch_cases.applied(PATCH, version)
+    patch_cases.assert_second_pass_is_a_no_op(PATCH, version, after)
 
 
 def test_upstream_prefill_gate_is_fixed_upstream():
     """PR #28837's shape: the pass refuses trtllm_mla prefill off SM100. The patch steps
     aside, read from the code, not the version."""
-    before = wheel_bytes("0.5.23", PATCH.rewrites[1].path)
+    before = patch_cases.release_file(PATCH, "0.5.23")
     anchor = b"    return {}\n\n\n@register_post_process\ndef _hisparse_validation("
     assert before.count(anchor) == 1
     edited = before.replace(
@@ -249,17 +236,15 @@ def test_upstream_prefill_gate_is_fixed_upstream():
         b'    if attention_backends_of(view)[0] == "trtllm_mla" and not get_platform().is_sm100:\n'
         b'        raise ValueError("TRTLLM MLA prefill requires SM100/SM103.")\n' + anchor,
     )
-    _, after, finding = run("0.5.23", edited)
-    assert finding.outcome is Outcome.FIXED_UPSTREAM and after == edited
+    patch_cases.assert_fixed_upstream(PATCH, "0.5.23", edited)
 
 
 def test_upstream_method_gate_is_fixed_upstream():
-    before = wheel_bytes("0.5.9", PATCH.rewrites[0].path)
+    before = patch_cases.release_file(PATCH, "0.5.9")
     old = b'if not is_blackwell_supported():\n                raise ValueError(\n                    "TRTLLM MLA'
     assert before.count(old) == 1
     edited = before.replace(old, old.replace(b"is_blackwell_supported", b"is_sm100_supported"))
-    _, after, finding = run("0.5.9", edited)
-    assert finding.outcome is Outcome.FIXED_UPSTREAM and after == edited
+    patch_cases.assert_fixed_upstream(PATCH, "0.5.9", edited)
 
 
 @pytest.mark.parametrize(
@@ -281,11 +266,10 @@ def test_upstream_method_gate_is_fixed_upstream():
     ],
 )
 def test_unknown_shape_is_anchor_missing(version, old, new):
-    before = wheel_bytes(version, PATCH.rewrites_for(version)[0].path)
+    before = patch_cases.release_file(PATCH, version)
     assert before.count(old) == 1
     edited = before.replace(old, new)
-    _, after, finding = run(version, edited)
-    assert finding.outcome is Outcome.ANCHOR_MISSING and after == edited
+    patch_cases.assert_anchor_missing(PATCH, version, edited)
 
 
 def test_rewrites_cover_the_window_once():

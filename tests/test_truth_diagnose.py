@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import re
 
-from conftest import WINDOW, FakeClock, install
+from support.clock import FakeClock
+from support.sites import WINDOW, install
 
 from sm120kit.catalogue.survey import load_survey
 from sm120kit.serve.diagnose import diagnose, signatures

@@ -24,8 +24,10 @@ import dockerfile
 import pytest
 import tomllib
 import yaml
-from conftest import ROOT, WINDOW, install, tree_snapshot
 from packaging.requirements import Requirement
+from support.paths import ROOT
+from support.sites import WINDOW, install
+from support.tree import tree_snapshot
 
 from sm120kit import __version__
 from sm120kit.profiles.loader import load_profile

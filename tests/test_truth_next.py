@@ -18,9 +18,10 @@ import re
 import shlex
 
 import pytest
-from conftest import install
-from standin import make_env_python
-from test_doctor import SM120, node
+from support.node import SM120_NVML as SM120
+from support.node import node_tree as node
+from support.sites import install
+from support.standin import make_env_python
 
 from sm120kit.cli import build_parser
 
@@ -236,7 +237,10 @@ def test_a_lost_patch_and_a_foreign_edit_say_to_patch_the_same_site(cli, tmp_pat
 def test_a_stale_tuned_table_says_to_tune_again_for_that_environment(cli, world, tmp_path):
     """status and patch --verify on a site whose Triton moved since tune-moe: tune again
     there (tune-moe times kernels: for a site, its python)."""
-    from test_tune_install import KIMI, configs, install_table, meta, release, set_triton
+    from support.tune import KIMI_K2_FP8_TP8 as KIMI
+    from support.tune import configs, meta, release, set_triton
+
+    from sm120kit.tune.install import install_table
 
     site = tmp_path / "tuned site" / "site-packages"
     site.mkdir(parents=True)

@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, install
-from standin import PROFILES, free_port, make_env_python
-from test_doctor import node
+from support.node import node_tree as node
+from support.paths import ROOT
+from support.sites import install
+from support.standin import PROFILES, free_port, make_env_python
 
 from sm120kit import wheels
 from sm120kit.catalogue import rules

@@ -22,7 +22,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import install, raise_version, replace_installed, tree_snapshot, wheel_bytes
+from support.sites import install, raise_version, replace_installed, wheel_bytes
+from support.tree import tree_snapshot
 
 from sm120kit import wheels
 from sm120kit.patching import transaction

@@ -2,11 +2,15 @@
 cannot pass by skipping.
 
 1  each in-process HTTP server a test starts stopped half a second late (serve_forever's
-   default poll, which shutdown() waits out): they are all served by conftest.http_served;
+   default poll, which shutdown() waits out): they are all served by
+   support.http_server.http_served;
 2  a missing patch, module or fixture fails instead of skipping; the fast tier's guard and
    tests/tiers.py see every os call that starts a process (os.system, os.exec*, os.spawn*,
    os.posix_spawn*; tiers read os.fork and os.system by a qualified name that posix's
-   builtins never have)."""
+   builtins never have);
+3  test support is code, not conftest: helpers live in tests/support/ and are imported by
+   name; a conftest.py holds fixtures and hooks only and no file imports it, and no test
+   module imports another (a test file is not a library)."""
 
 from __future__ import annotations
 
@@ -18,12 +22,16 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import tiers
-from conftest import ROOT, http_served, watch_fast_tier
+from support import patch_cases
+from support.fast_tier import watch_fast_tier
+from support.http_server import http_served
+from support.paths import ROOT
 
 TESTS = ROOT / "tests"
 # The tests' own Python files; tests/fixtures holds the stand-in programs, run as processes.
@@ -77,13 +85,13 @@ def test_a_served_http_server_stops_at_once_and_frees_its_port():
 
 def test_every_http_server_of_the_tests_is_served_by_http_served():
     """serve_forever's default poll makes each stop cost 0.5 s: a test serves through
-    conftest.http_served, whose poll is short."""
+    support.http_server.http_served, whose poll is short."""
     found = []
     for path in TEST_SOURCES:
-        if path != TESTS / "conftest.py":
+        if path != TESTS / "support" / "http_server.py":
             served = [n for n in ast.walk(parsed(path)) if isinstance(n, ast.Attribute) and n.attr == "serve_forever"]
             found += [f"{path.relative_to(ROOT)}:{n.lineno}" for n in served]
-    assert not found, f"serve_forever outside conftest.http_served: {found}"
+    assert not found, f"serve_forever outside support.http_server.http_served: {found}"
 
 
 # -- 2: nothing passes by skipping --------------------------------------------------------
@@ -108,20 +116,46 @@ def test_no_test_is_skipped_for_a_missing_module_and_every_skip_says_why():
     assert not found, found
 
 
-def test_a_renamed_smem_patch_fails_the_tests_that_prove_it_instead_of_skipping_them(monkeypatch):
-    import test_smem_sm120 as smem
-
-    monkeypatch.setattr(smem, "PATCH_ID", "sglang-triton-smem-sm120-renamed")
-    smem.smem_patch.cache_clear()
+def test_a_renamed_patch_fails_the_tests_that_prove_it_instead_of_skipping_them():
+    """Every patch test asks the harness for its patch by id (the smem patch's among them)."""
     raised: BaseException | None = None
     try:
-        smem.smem_patch()
+        patch_cases.shipped_patch("sglang-triton-smem-sm120-renamed")
     except BaseException as e:  # a skip is an exception too: it must not be the one raised
         raised = e
-    finally:
-        smem.smem_patch.cache_clear()
     assert isinstance(raised, pytest.fail.Exception), repr(raised)
     assert "no shipped patch has the id sglang-triton-smem-sm120-renamed" in str(raised)
+    assert "sglang-triton-smem-sm120" in str(raised)  # the ids there are, to find the new name by
+
+
+def test_a_patch_range_that_selects_no_release_fails_instead_of_skipping():
+    """A test parametrized on no release is skipped by pytest: the harness refuses that."""
+    with pytest.raises(pytest.fail.Exception, match="no release to run on"):
+        patch_cases.cases([])
+    [case] = patch_cases.cases(["0.5.23"])
+    assert (case.values, case.id) == (("0.5.23",), "0.5.23")  # the id a plain version would have
+
+
+def test_the_tiers_read_the_fixture_pytest_runs_not_the_one_it_overrides():
+    """tests/serve/test_metrics.py's own `serve` (a metrics server, in-process) overrides
+    tests/serve/conftest.py's (a supervised stand-in, a process): only the one pytest runs
+    is read, and the one below it too where it requests it (`def serve(serve)`)."""
+
+    def below():
+        pass
+
+    def over():
+        pass
+
+    def item(*definitions):
+        info = types.SimpleNamespace(name2fixturedefs={"serve": definitions})
+        return types.SimpleNamespace(fixturenames=["serve"], _fixtureinfo=info)
+
+    conftests = types.SimpleNamespace(func=below, argnames=("tmp_path", "env_python"))
+    replacing = types.SimpleNamespace(func=over, argnames=())
+    extending = types.SimpleNamespace(func=over, argnames=("serve",))
+    assert list(tiers._fixture_functions(item(conftests, replacing))) == [over]
+    assert list(tiers._fixture_functions(item(conftests, extending))) == [over, below]
 
 
 def test_the_tiers_and_the_guard_know_every_os_call_that_starts_a_process():
@@ -200,3 +234,93 @@ def test_a_fast_test_that_starts_a_process_out_of_the_tiers_sight_fails(tmp_path
     for name in ("system", "posix_spawnp", "spawnv", "execv"):  # a failure, at the call or at teardown
         assert "this test is in the fast tier but" in said.get(f"test_hidden[{name}]", ""), out
         assert f"processes (os.{name})" in said[f"test_hidden[{name}]"], out
+
+
+# -- 3: test support is code, not conftest ------------------------------------------------
+
+
+def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, top-level module) of every import in `tree`, in a function or not."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.append((node.lineno, node.module.split(".")[0]))
+    return found
+
+
+def imports_of_test_code(sources) -> list[str]:
+    """Each import of conftest or of a test module (test_*) in `sources`."""
+    return [
+        f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name}:{line}: imports {module}"
+        for path in sources
+        for line, module in imported_modules(ast.parse(path.read_text()))
+        if module == "conftest" or module.startswith("test_")
+    ]
+
+
+def bound_names(target: ast.expr) -> list[str]:
+    """The names an assignment binds (`a, *b = ...`); `os.environ[k] = v` binds none."""
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [name for element in target.elts for name in bound_names(element)]
+    if isinstance(target, ast.Starred):
+        return bound_names(target.value)
+    return []
+
+
+def public_non_fixtures(path: Path) -> list[str]:
+    """What a conftest.py defines at its top level that is neither a fixture nor a hook
+    (pytest_*) nor private (_name): functions, classes and assigned names."""
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            fixture = any("fixture" in ast.unparse(d) for d in node.decorator_list)
+            names = [] if fixture else [node.name]
+        elif isinstance(node, ast.ClassDef):
+            names = [node.name]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = [name for target in targets for name in bound_names(target)]
+        else:
+            continue
+        found += [f"{path.name}:{node.lineno}: {name}" for name in names if not name.startswith(("_", "pytest_"))]
+    return found
+
+
+def test_no_file_imports_conftest_or_a_test_module():
+    """Helpers are imported from tests/support; a conftest is pytest's (fixtures, hooks) and a
+    test module is a test, not a library. The scripts that borrow the tests' stand-ins too."""
+    scripts = sorted((ROOT / "scripts").rglob("*.py"))
+    assert not imports_of_test_code([*TEST_SOURCES, *scripts])
+
+
+def test_a_conftest_defines_only_fixtures_and_hooks():
+    conftests = [p for p in TEST_SOURCES if p.name == "conftest.py"]
+    assert TESTS / "conftest.py" in conftests
+    assert not [found for path in conftests for found in public_non_fixtures(path)]
+
+
+def test_the_rules_of_test_support_see_what_they_forbid(tmp_path):
+    """The scans above find each kind of breach, in a function as at the top."""
+    (tmp_path / "test_a.py").write_text(
+        "from conftest import install\n\n\ndef test_x():\n    import test_b\n    from test_c.sub import y\n"
+    )
+    assert imports_of_test_code([tmp_path / "test_a.py"]) == [
+        "test_a.py:1: imports conftest",
+        "test_a.py:5: imports test_b",
+        "test_a.py:6: imports test_c",
+    ]
+    (tmp_path / "conftest.py").write_text(
+        "import os, pytest\n\nWINDOW = ()\n_private = 1\nos.environ['X'] = '1'\n\n\n"
+        "@pytest.fixture\ndef site():\n    pass\n\n\n"
+        "def pytest_collection_modifyitems(items):\n    pass\n\n\ndef install():\n    pass\n\n\n"
+        "class Cli:\n    pass\n"
+    )
+    assert public_non_fixtures(tmp_path / "conftest.py") == [
+        "conftest.py:3: WINDOW",
+        "conftest.py:17: install",
+        "conftest.py:21: Cli",
+    ]

@@ -23,7 +23,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURE_PATCHES, install, patch_dir, tree_snapshot
+from support.paths import FIXTURE_PATCHES
+from support.sites import install, patch_dir
+from support.tree import tree_snapshot
 
 from sm120kit import search_paths
 from sm120kit.catalogue.survey import FILENAME, load_survey, read_file

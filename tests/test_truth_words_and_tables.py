@@ -16,7 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from conftest import ROOT, WINDOW, install
+from support.paths import ROOT
+from support.sites import WINDOW, install
 
 from sm120kit import report, wheels
 from sm120kit.cli import build_parser

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import WINDOW, flashinfer_pin, patch_dir, wheel_bytes
+from support.sites import WINDOW, flashinfer_pin, patch_dir, wheel_bytes
 
 from sm120kit import wheels
 

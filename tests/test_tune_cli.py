@@ -18,7 +18,10 @@ from pathlib import Path
 
 import pytest
 import triton  # noqa: F401 -- the test extra's: a missing Triton fails the run rather than skip it
-from conftest import tree_snapshot
+from support.tree import tree_snapshot
+from support.tune import KIMI_K2_CONFIG as KIMI
+from support.tune import MOE_MEMBERS, SERVER
+from support.tune import TUNED_RELEASE as VERSION
 
 from sm120kit import wheels
 from sm120kit.errors import UserError
@@ -28,34 +31,7 @@ from sm120kit.tune.command import tune_moe
 from sm120kit.tune.lookup import CONFIG_DIR_ENV
 from sm120kit.tune.options import TuneOptions
 
-SERVER = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
-VERSION = "0.5.23"
-MEMBERS = ["sglang/srt/layers/moe/*", "sglang/kernels/ops/moe/*"]
 STANDIN = Path(__file__).parent / "fixtures" / "moe_worker_standin.py"
-# Kimi K2 (moonshotai/Kimi-K2-Thinking config.json): DeepseekV3, 384 routed experts, hidden
-# 7168, moe_intermediate 2048, top-8; compressed-tensors W4A16, symmetric, group 32.
-KIMI = {
-    "architectures": ["DeepseekV3ForCausalLM"],
-    "model_type": "kimi_k2",
-    "hidden_size": 7168,
-    "intermediate_size": 18432,
-    "moe_intermediate_size": 2048,
-    "n_routed_experts": 384,
-    "n_shared_experts": 1,
-    "num_experts_per_tok": 8,
-    "first_k_dense_replace": 1,
-    "quantization_config": {
-        "quant_method": "compressed-tensors",
-        "format": "pack-quantized",
-        "config_groups": {
-            "group_0": {
-                "targets": ["Linear"],
-                "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32},
-            }
-        },
-        "ignore": ["lm_head"],
-    },
-}
 # 3 tiles that fit and one that needs 147456 B on sm_120 (the H100 fp8 default's tile)
 SLICE = [
     {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2},
@@ -82,7 +58,7 @@ def node(tmp_path, monkeypatch, fit_cache):
     monkeypatch.setattr(space, "search_space", lambda shape: [dict(c) for c in SLICE])
     monkeypatch.setattr("sm120kit.node.nvml.gpu_name_here", lambda: None)
     site = tmp_path / "site"
-    wheels.install(site, "sglang", VERSION, MEMBERS)
+    wheels.install(site, "sglang", VERSION, MOE_MEMBERS)
     info = site / "triton-3.6.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: triton\nVersion: 3.6.0\n")

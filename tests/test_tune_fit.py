@@ -15,7 +15,7 @@ import sys
 import zipfile
 
 import pytest
-from conftest import WINDOW, wheel_bytes
+from support.sites import WINDOW, wheel_bytes
 
 from sm120kit import wheels
 from sm120kit.errors import UserError

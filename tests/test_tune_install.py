@@ -23,7 +23,9 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import MEMBERS, wheel_bytes
+from support.sites import MEMBERS, wheel_bytes
+from support.tune import KIMI_K2_FP8_TP8 as KIMI
+from support.tune import MOE, SERVER, TRITON, configs, meta, release, set_triton
 
 from sm120kit import wheels
 from sm120kit.cli import main
@@ -49,12 +51,7 @@ from sm120kit.tune.lookup import (
 )
 from sm120kit.tune.shape import MoeShape
 
-SERVER = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 MAX_Q = "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition"
-MOE = "sglang/srt/layers/moe/*"
-TRITON = "3.6.0"
-# A Kimi-K2-class fp8 shape on one of 8 GPUs (384 experts, 2048/8 per GPU): no release ships it.
-KIMI = MoeShape(384, 7168, 256, 256, 8, "fp8_w8a8", (128, 128), model="Kimi-K2 fp8, tp 8")
 # The shape 0.5.23 ships this GPU's tables for (configs/triton_3_6_0/E=256,N=512,device_name=...).
 SHIPPED = MoeShape(256, 4096, 512, 512, 8, None, model="E=256,N=512")
 
@@ -63,41 +60,6 @@ SHIPPED = MoeShape(256, 4096, 512, 512, 8, None, model="E=256,N=512")
 def no_config_dir_here(monkeypatch):
     """The machine's own $SGLANG_MOE_CONFIG_DIR is not the tests' (status reads it)."""
     monkeypatch.delenv(CONFIG_DIR_ENV, raising=False)
-
-
-def release(site: Path, version: str, *, triton: str = TRITON, patches: bool = False):
-    """sglang==version's MoE layers (and with `patches`, the files the patches touch) in
-    `site`, with a Triton distribution of that version beside it. Returns the target."""
-    wheels.install(site, "sglang", version, [*MEMBERS, MOE] if patches else [MOE])
-    set_triton(site, triton)
-    return resolve_target(site=str(site))
-
-
-def set_triton(site: Path, version: str) -> None:
-    """The installed Triton as its dist-info names it (what sm120kit reads its version from)."""
-    for old in site.glob("triton-*.dist-info"):
-        shutil.rmtree(old)
-    info = site / f"triton-{version}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: triton\nVersion: {version}\n\n")
-
-
-def configs(seed: int, sizes=(1, 16, 256, 1024)) -> dict[int, dict]:
-    return {
-        m: {
-            "BLOCK_SIZE_M": 16 * (1 + i % 3),
-            "BLOCK_SIZE_N": 64,
-            "BLOCK_SIZE_K": 128,
-            "GROUP_SIZE_M": seed,
-            "num_warps": 4,
-            "num_stages": 2 + i % 3,
-        }
-        for i, m in enumerate(sizes)
-    }
-
-
-def meta(version: str, shape: MoeShape, *, down: bool = False, device: str = SERVER) -> TuneMeta:
-    return TuneMeta(shape, version, TRITON, device, profile="kimi-k2-fp8", down=down)
 
 
 def files(root: Path) -> dict[str, str]:

@@ -17,8 +17,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import WINDOW, wheel_bytes
 from packaging.version import Version
+from support.sites import WINDOW, wheel_bytes
 
 from sm120kit import wheels
 from sm120kit.errors import UserError

@@ -13,16 +13,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import (
-    WINDOW,
-    install,
-    patch_dir,
-    raise_version,
-    replace_installed,
-    tree_snapshot,
-    wheel_bytes,
-)
-from standin import free_port
+from support.sites import WINDOW, install, patch_dir, raise_version, replace_installed, wheel_bytes
+from support.standin import free_port
+from support.tree import tree_snapshot
 
 from sm120kit import wheels
 from sm120kit.patching.registry import load_patches

@@ -9,7 +9,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, install
+from support.paths import ROOT
+from support.sites import install
 
 pytestmark = pytest.mark.slow
 

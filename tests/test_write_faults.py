@@ -15,13 +15,17 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import install, tree_snapshot, wheel_bytes
+from support.sites import install, wheel_bytes
+from support.tree import tree_snapshot
 
 from sm120kit.patching import transaction
 
 FORWARD_MHA = "sglang/srt/models/deepseek_common/attention_forward_methods/forward_mha.py"
 PREFILL = "sglang/kernels/ops/attention/prefill_attention.py"
 FILES = (FORWARD_MHA, PREFILL)  # what the shipped patches write on sglang 0.5.23
+
+# What these tests prove is the engine around the rewrite, at every step of a write.
+pytestmark = pytest.mark.usefixtures("rewrites_once")
 
 
 def vendor(site) -> dict[str, bytes]:

@@ -4,7 +4,8 @@ A test is `integration` when it needs one of these (each is also a marker of its
 `-m wheels` or `-m "not processes"` work too):
 
 - wheels:    real sglang / flashinfer wheels (sm120kit.wheels.fetch, install, flashinfer_pin,
-             latest, or the conftest helpers built on them: install, wheel_bytes, flashinfer_pin);
+             latest, or the helpers of tests/support built on them: install, wheel_bytes,
+             flashinfer_pin, the patch tests' harness);
 - processes: a child process (the subprocess or multiprocessing modules, psutil.Popen,
              os.fork, os.system, os.exec*, os.spawn*, os.posix_spawn*: the CLI as a
              process, the stand-in server, the supervisor);
@@ -13,8 +14,8 @@ A test is `integration` when it needs one of these (each is also a marker of its
 
 "The code each test runs" is the test function, the fixtures it requests (pytest's closure
 of them) and, followed by the names they use, every function and class defined under
-tests/ (conftest's helpers, standin.py, another test module's helpers), plus a module's
-top-level `import triton` or `import sglang_router` and any `slow` marker (it builds a
+tests/ (tests/support's helpers, a test module's own), plus a module's top-level
+`import triton` or `import sglang_router` and any `slow` marker (it builds a
 wheel or a venv).
 Code in sm120kit itself is not followed (the CLI reaches everything): what it hides from
 the test's own code is named below, with the reason: the sm120kit functions a test calls
@@ -75,6 +76,11 @@ CALL_USES = {
     "sm120kit.node.checks.imports.judge": "processes",
     "sm120kit.tryout.run": "wheels",
     "sm120kit.resolution.run.resolve": "processes",  # sglang's resolution in the target's interpreter
+    "sm120kit.node.checks.imports.probe": "processes",
+    "sm120kit.tune.worker_client.Worker": "processes",
+    # The module the callers above start their children through, called directly by its tests.
+    "sm120kit.child_process.run": "processes",
+    "sm120kit.child_process.LineChild": "processes",
 }
 # The CLI run in-process (the `cli` fixture): a command, or an option, that starts a process
 # or reads wheels inside, read from a call's string arguments (`cli("try", "0.5.23")`).
@@ -85,7 +91,7 @@ COMMAND_USES = {  # render systemd / docker ask the serving python what it has
 }
 OPTION_USES = {"--python": ("processes",), "--nccl-gpus": ("processes",)}  # a target interpreter; the NCCL probe
 KEYWORD_USES = {"python": ("processes",)}  # resolve_target(python=...): the interpreter is run
-# conftest's guard names what it watches for; watching is not using.
+# conftest's guard (support.fast_tier) names what it watches for; watching is not using.
 NOT_READ = {"fast_tier_guard", "watch_fast_tier"}
 
 
@@ -111,8 +117,12 @@ def needs(item) -> set[str]:
 def _fixture_functions(item):
     info = getattr(item, "_fixtureinfo", None)  # pytest's own record of the fixtures the test uses
     for name in set(getattr(item, "fixturenames", ())) - NOT_READ:
-        for fixturedef in info.name2fixturedefs.get(name, ()) if info else ():
+        # The definitions of a name, the one pytest runs last (a module's over a conftest's):
+        # an overridden one runs only where the one over it requests it (`def serve(serve)`).
+        for fixturedef in reversed(info.name2fixturedefs.get(name, ()) if info else ()):
             yield fixturedef.func
+            if name not in fixturedef.argnames:
+                break
 
 
 def _defined_here(obj) -> bool:
@@ -214,7 +224,7 @@ def _code_names(obj) -> set[str]:
 
 
 def _local_imports(tree: ast.AST) -> dict:
-    """The names a function imports for itself (`from conftest import install`)."""
+    """The names a function imports for itself (`from support.sites import install`)."""
     names = {}
     for node in ast.walk(tree):
         try:

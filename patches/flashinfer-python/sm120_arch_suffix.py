@@ -19,15 +19,11 @@ so the change starts a fresh cache by itself.
 
 from __future__ import annotations
 
+import ast
+
+from sm120kit.patching.ast_tools import blocks, walk
 from sm120kit.patching.cst_tools import cst, find_functions, has_string, insert_after, iter_nodes, marker_line
-from sm120kit.patching.spec import (
-    AlreadyApplied,
-    AnchorMissing,
-    FixedUpstream,
-    Patch,
-    Rewrite,
-    Rewritten,
-)
+from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten, WouldRewrite
 
 CLASS = "CompilationContext"
 SUFFIX_RULE = "major >= 9"  # the test of upstream's `if major >= 9: minor = str(minor) + "a"`
@@ -91,6 +87,44 @@ def use_family_target(module: cst.Module, ctx):
     return Rewritten(put(init.deep_replace(block, insert_after(block, at, added))))
 
 
+# -- the same verdict without libcst (sm120kit/patching/ast_tools.py) -----------------------
+
+
+def _quick_method(code, name: str):
+    """`CompilationContext.<name>`, or None."""
+    classes = [c for c in code.classes() if c.name == CLASS]
+    for function in code.functions([name]):
+        if any(f is function for c in classes for f in c.body):
+            return function
+    return None
+
+
+def quick_use_family_target(code, ctx):
+    normalize = _quick_method(code, "_normalize_cuda_arch")
+    if normalize is not None:
+        if code.scope(normalize).has_string(normalize, "0f"):
+            return FixedUpstream(
+                f"{CLASS}._normalize_cuda_arch maps SM 12.0 to compute_120f with CUDA >= 12.9 "
+                "(`sm120kit doctor` shows the nvcc flashinfer compiles with)"
+            )
+        return AnchorMissing(f"{CLASS}._normalize_cuda_arch exists but has no 120f rule")
+    init = _quick_method(code, "__init__")
+    if init is None:
+        return AnchorMissing(f"no {CLASS}.__init__")
+    ifs = [n for n in walk(init) if isinstance(n, ast.If)]
+    if any(code.test_is(n, ADDED_TEST) for n in ifs):
+        return AlreadyApplied()
+    rules = [n for n in ifs if code.test_is(n, SUFFIX_RULE)]
+    if len(rules) != 1:
+        return AnchorMissing(f"expected one `if {SUFFIX_RULE}:` in {CLASS}.__init__, found {len(rules)}")
+    rule = rules[0]
+    if not code.scope(init).has_string(rule, "a"):
+        return AnchorMissing(f"`if {SUFFIX_RULE}:` in {CLASS}.__init__ does not add the 'a' suffix")
+    if sum(any(s is rule for s in block) for block in blocks(code, init)) != 1:
+        return AnchorMissing(f"cannot place the SM 12.0 rule after `if {SUFFIX_RULE}:`")
+    return WouldRewrite()
+
+
 PATCH = Patch(
     id="flashinfer-sm120-arch-suffix",
     package="flashinfer-python",
@@ -104,6 +138,8 @@ PATCH = Patch(
     fixed_in="0.6.7",
     rewrites=(
         # 0.6.3 carries the bug; from 0.6.7 the transform only confirms the upstream rule.
-        Rewrite("flashinfer/compilation_context.py", ">=0.6.3,<=0.7.4", use_family_target),
+        Rewrite(
+            "flashinfer/compilation_context.py", ">=0.6.3,<=0.7.4", use_family_target, quick=quick_use_family_target
+        ),
     ),
 )

@@ -17,6 +17,10 @@ fused_moe_120 JIT cache directory must be removed for the flag to take effect.
 
 from __future__ import annotations
 
+import ast
+
+from sm120kit.patching import ast_tools
+from sm120kit.patching.ast_tools import one_per_line
 from sm120kit.patching.cst_tools import (
     append_element,
     builds_only_for_major,
@@ -26,14 +30,7 @@ from sm120kit.patching.cst_tools import (
     has_string,
     marker_line,
 )
-from sm120kit.patching.spec import (
-    AlreadyApplied,
-    AnchorMissing,
-    FixedUpstream,
-    Patch,
-    Rewrite,
-    Rewritten,
-)
+from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten, WouldRewrite
 
 FLAG = "-DCUTLASS_ENABLE_GDC_FOR_SM100=1"
 FUNCTION = "gen_cutlass_fused_moe_sm120_module"
@@ -74,6 +71,38 @@ def enable_gdc(module: cst.Module, ctx):
     return Rewritten(put(function.deep_replace(stmt, new_stmt)))
 
 
+# -- the same verdict without libcst (sm120kit/patching/ast_tools.py) -----------------------
+
+
+def _quick_flags_listed(function) -> bool:
+    """Whether the first top-level `nvcc_flags = ...` of the function is a non-empty list."""
+    for stmt in function.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+            target = stmt.targets[0]
+            if isinstance(target, ast.Name) and target.id == FLAGS_NAME:
+                return isinstance(stmt.value, ast.List) and bool(stmt.value.elts)
+    return False
+
+
+def quick_enable_gdc(code, ctx):
+    found = code.functions([FUNCTION])
+    if len(found) != 1:
+        return AnchorMissing(f"expected one function {FUNCTION}, found {len(found)}")
+    function = found[0]
+    scope = code.scope(function)
+    one_per_line(function.body)
+    for stmt in function.body:
+        if scope.has_string(stmt, FLAG):
+            if id(stmt) in scope.marked(ctx.marker):
+                return AlreadyApplied()
+            return FixedUpstream(f"{FUNCTION} builds fused_moe_120 with {FLAG}")
+    if not ast_tools.builds_only_for_major(code, function, 12):
+        return AnchorMissing(f"{FUNCTION} is not restricted to supported_major_versions=[12]")
+    if not _quick_flags_listed(function):
+        return AnchorMissing(f"no `{FLAGS_NAME} = [...]` list at the top level of {FUNCTION}")
+    return WouldRewrite()
+
+
 PATCH = Patch(
     id="flashinfer-sm120-fused-moe-gdc",
     package="flashinfer-python",
@@ -87,6 +116,6 @@ PATCH = Patch(
     fixed_in="0.6.8",
     rewrites=(
         # 0.6.3 and 0.6.7.postN carry the bug; from 0.6.8 the transform only confirms the flag.
-        Rewrite("flashinfer/jit/fused_moe.py", ">=0.6.3,<=0.7.4", enable_gdc),
+        Rewrite("flashinfer/jit/fused_moe.py", ">=0.6.3,<=0.7.4", enable_gdc, quick=quick_enable_gdc),
     ),
 )

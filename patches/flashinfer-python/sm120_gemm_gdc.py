@@ -21,6 +21,10 @@ effect (the engine's job).
 
 from __future__ import annotations
 
+import ast
+
+from sm120kit.patching import ast_tools
+from sm120kit.patching.ast_tools import is_string, one_per_line
 from sm120kit.patching.cst_tools import (
     append_element,
     builds_only_for_major,
@@ -31,14 +35,7 @@ from sm120kit.patching.cst_tools import (
     has_string,
     marker_line,
 )
-from sm120kit.patching.spec import (
-    AlreadyApplied,
-    AnchorMissing,
-    FixedUpstream,
-    Patch,
-    Rewrite,
-    Rewritten,
-)
+from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten, WouldRewrite
 
 FLAG = "-DCUTLASS_ENABLE_GDC_FOR_SM100=1"
 # JIT generator -> module name: the SM120-only CUTLASS GEMMs launched with PDL.
@@ -118,6 +115,45 @@ def enable_gdc(module: cst.Module, ctx):
     return FixedUpstream(f"{' and '.join(FUNCTIONS.values())} are built with {FLAG}")
 
 
+# -- the same verdict without libcst (sm120kit/patching/ast_tools.py) -----------------------
+
+
+def _quick_spec_flags(code, function, module_name: str) -> bool:
+    """Whether _with_flag finds its `return gen_jit_spec("<module>", ..., extra_cuda_cflags=X)`."""
+    for stmt in function.body:
+        call = stmt.value if isinstance(stmt, ast.Return) else None
+        if not (isinstance(call, ast.Call) and ast_tools.callee_name(call) == "gen_jit_spec"):
+            continue
+        args = ast_tools.arguments(call)
+        if not args or not is_string(code, args[0][1], module_name):
+            continue
+        return [name for name, _ in args].count("extra_cuda_cflags") == 1
+    return False
+
+
+def quick_enable_gdc(code, ctx):
+    states = {}
+    for name, module_name in FUNCTIONS.items():
+        found = code.functions([name])
+        if len(found) != 1:
+            return AnchorMissing(f"expected one function {name}, found {len(found)}")
+        function = found[0]
+        scope = code.scope(function)
+        one_per_line(function.body)
+        flagged = [stmt for stmt in function.body if scope.has_string(stmt, FLAG)]
+        states[name] = "needed" if not flagged else "ours" if id(flagged[0]) in scope.marked(ctx.marker) else "upstream"
+        if states[name] == "needed":
+            if not ast_tools.builds_only_for_major(code, function, 12):
+                return AnchorMissing(f"{name} is not restricted to supported_major_versions=[12]")
+            if not _quick_spec_flags(code, function, module_name):
+                return AnchorMissing(f'no `return gen_jit_spec("{module_name}", ..., extra_cuda_cflags=...)` in {name}')
+    if "needed" in states.values():
+        return WouldRewrite()
+    if "ours" in states.values():
+        return AlreadyApplied()
+    return FixedUpstream(f"{' and '.join(FUNCTIONS.values())} are built with {FLAG}")
+
+
 PATCH = Patch(
     id="flashinfer-sm120-gemm-gdc",
     package="flashinfer-python",
@@ -131,6 +167,6 @@ PATCH = Patch(
     fixed_in="0.6.7",
     rewrites=(
         # 0.6.3 carries the bug; from 0.6.7 the transform only confirms the upstream flag.
-        Rewrite("flashinfer/jit/gemm/core.py", ">=0.6.3,<=0.7.4", enable_gdc),
+        Rewrite("flashinfer/jit/gemm/core.py", ">=0.6.3,<=0.7.4", enable_gdc, quick=quick_enable_gdc),
     ),
 )

@@ -13,8 +13,11 @@ upstream's choice. Models without k-pool (GLM-5, GLM-5.1: index_kpool 1) never r
 
 from __future__ import annotations
 
+import ast
+
+from sm120kit.patching.ast_tools import is_integer, is_string, one_per_line, walk
 from sm120kit.patching.cst_tools import carries, cst, find_functions, iter_nodes, marker_line
-from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten
+from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten, WouldRewrite
 
 RESOLVER = "_resolve_kpool_tail_backend"
 SM12_FALLBACK = """\
@@ -81,6 +84,49 @@ def keep_sm12_off_trtllm(module, ctx):
     return Rewritten(put(func.with_changes(body=block)))
 
 
+# -- the same verdict without libcst (sm120kit/patching/ast_tools.py) -----------------------
+
+
+def _quick_major_at_least_10(code, test) -> bool:
+    return (
+        isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Attribute)
+        and test.left.attr == "device_sm_major"
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.GtE)
+        and is_integer(code, test.comparators[0], "10")
+    )
+
+
+def _quick_returns_trtllm(code, branch) -> bool:
+    return any(
+        isinstance(n, ast.Return) and is_string(code, n.value, "trtllm") for stmt in branch.body for n in walk(stmt)
+    )
+
+
+def quick_keep_sm12_off_trtllm(code, ctx):
+    found = code.functions([RESOLVER])
+    if not found:
+        return AnchorMissing(f"no method {RESOLVER}")
+    func = found[0]
+    marked = code.scope(func).marked(ctx.marker)
+    one_per_line(func.body)
+    if any(id(stmt) in marked for stmt in func.body):
+        return AlreadyApplied()
+    if any(isinstance(n, ast.Compare) and any(is_integer(code, c, "12") for c in n.comparators) for n in walk(func)):
+        return FixedUpstream(f"{RESOLVER} has a capability-12 test")
+    to_trtllm = [stmt for stmt in func.body if isinstance(stmt, ast.If) and _quick_returns_trtllm(code, stmt)]
+    blackwell = [stmt for stmt in to_trtllm if _quick_major_at_least_10(code, stmt.test)]
+    reads_major = [
+        any(isinstance(n, ast.Attribute) and n.attr == "device_sm_major" for n in walk(s.test)) for s in to_trtllm
+    ]
+    if not blackwell and to_trtllm and all(reads_major):
+        return FixedUpstream(f"{RESOLVER} no longer sends every capability >= 10 to trtllm")
+    if len(blackwell) != 1:
+        return AnchorMissing(f'expected one `if self.device_sm_major >= 10: return "trtllm"` in {RESOLVER}')
+    return WouldRewrite()
+
+
 PATCH = Patch(
     id="sglang-dsa-kpool-sm120",
     package="sglang",
@@ -94,6 +140,11 @@ PATCH = Patch(
     ),
     refs=("sgl-project/sglang#37105", "sgl-project/sglang#36507"),
     rewrites=(
-        Rewrite("sglang/srt/layers/attention/dsa/dsa_backend_kpool.py", ">=0.5.20,<=0.5.23", keep_sm12_off_trtllm),
+        Rewrite(
+            "sglang/srt/layers/attention/dsa/dsa_backend_kpool.py",
+            ">=0.5.20,<=0.5.23",
+            keep_sm12_off_trtllm,
+            quick=quick_keep_sm12_off_trtllm,
+        ),
     ),
 )

@@ -15,8 +15,11 @@ the table is present and is used as before.
 
 from __future__ import annotations
 
+import ast
+
+from sm120kit.patching.ast_tools import assigned, one_per_line
 from sm120kit.patching.cst_tools import carries, cst, find_functions, iter_nodes, marker_line
-from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten
+from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten, WouldRewrite
 
 READERS = ("_get_mla_kv_buffer_from_fp8_for_nsa", "_get_mla_kv_buffer_from_fp8_for_dsa")
 FIELD = "page_table_1_flattened"
@@ -66,6 +69,31 @@ def guard_page_table(module, ctx):
     return Rewritten(put(func.with_changes(body=block)))
 
 
+# -- the same verdict without libcst (sm120kit/patching/ast_tools.py) -----------------------
+
+
+def _quick_reads_table(stmt) -> bool:
+    value = assigned(stmt, "kv_indices")
+    return isinstance(value, ast.Attribute) and value.attr == FIELD
+
+
+def quick_guard_page_table(code, ctx):
+    found = code.functions(READERS)
+    if not found:
+        return AnchorMissing(f"no method {' / '.join(READERS)}")
+    func = found[0]
+    scope = code.scope(func)
+    one_per_line(func.body)
+    if any(id(stmt) in scope.marked(ctx.marker) for stmt in func.body):
+        return AlreadyApplied()
+    if scope.has_name(func, "fetch_mha_one_shot_kv_indices"):
+        return FixedUpstream(f"{func.name} already falls back to fetch_mha_one_shot_kv_indices")
+    reads = [stmt for stmt in func.body if _quick_reads_table(stmt)]
+    if len(reads) != 1:
+        return AnchorMissing(f"expected one `kv_indices = ....{FIELD}` in {func.name}, found {len(reads)}")
+    return WouldRewrite()
+
+
 _FORWARD_MHA = "sglang/srt/models/deepseek_common/attention_forward_methods/forward_mha.py"
 
 PATCH = Patch(
@@ -79,5 +107,5 @@ PATCH = Patch(
         "0.5.22 fixed the wrapped-backend case only."
     ),
     refs=("sgl-project/sglang#29562", "sgl-project/sglang#29580"),
-    rewrites=(Rewrite(_FORWARD_MHA, ">=0.5.9,<=0.5.23", guard_page_table),),
+    rewrites=(Rewrite(_FORWARD_MHA, ">=0.5.9,<=0.5.23", guard_page_table, quick=quick_guard_page_table),),
 )

@@ -9,15 +9,11 @@ every other GPU keeps upstream's behaviour; 0.5.13 enabled the entry for all GPU
 
 from __future__ import annotations
 
+import ast
+
+from sm120kit.patching.ast_tools import is_string, walk
 from sm120kit.patching.cst_tools import cst, find_functions, iter_nodes, marker_line
-from sm120kit.patching.spec import (
-    AlreadyApplied,
-    AnchorMissing,
-    FixedUpstream,
-    Patch,
-    Rewrite,
-    Rewritten,
-)
+from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten, WouldRewrite
 
 GATES = ("_should_run_flashinfer_autotune", "should_run_flashinfer_autotune")
 BACKEND = "flashinfer_cutlass"
@@ -77,6 +73,53 @@ def widen_autotune_gate(module: cst.Module, ctx):
     return Rewritten(put(gate.deep_replace(old, new)))
 
 
+# -- the same verdict without libcst (sm120kit/patching/ast_tools.py) -----------------------
+
+
+def _quick_is_gate_test(node) -> bool:
+    return (
+        isinstance(node, ast.Compare)
+        and isinstance(node.left, ast.Name)
+        and node.left.id == "backend_str"
+        and len(node.ops) == 1
+        and isinstance(node.ops[0], ast.NotIn)
+        and isinstance(node.comparators[0], ast.List)
+    )
+
+
+def _quick_is_patched_test(code, node) -> bool:
+    """libcst nests `a and b and c` to the left; ast keeps one BoolOp of all the operands."""
+    if not (isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And) and len(node.values) == 2):
+        return False
+    left, clause = node.values
+    inner = clause.operand if isinstance(clause, ast.UnaryOp) and isinstance(clause.op, ast.Not) else None
+    return (
+        _quick_is_gate_test(left)
+        and isinstance(inner, ast.BoolOp)
+        and len(inner.values) == 2
+        and isinstance(inner.values[0], ast.Compare)
+        and is_string(code, inner.values[0].comparators[0], BACKEND)
+    )
+
+
+def quick_widen_autotune_gate(code, ctx):
+    gates = code.functions(GATES)
+    if not gates:
+        return AnchorMissing(f"no function {' / '.join(GATES)}")
+    gate = gates[0]
+    nodes = list(walk(gate))
+    lists = [n for n in nodes if isinstance(n, ast.List)]
+    if any(is_string(code, e.value if isinstance(e, ast.Starred) else e, BACKEND) for n in lists for e in n.elts):
+        return FixedUpstream(f'"{BACKEND}" is in the autotune list of {gate.name}')
+    ifs = [n for n in nodes if isinstance(n, ast.If)]
+    if any(_quick_is_patched_test(code, n.test) for n in ifs):
+        return AlreadyApplied()
+    tests = [n for n in ifs if _quick_is_gate_test(n.test)]
+    if len(tests) != 1:
+        return AnchorMissing(f"expected one `if backend_str not in [...]` in {gate.name}, found {len(tests)}")
+    return WouldRewrite()
+
+
 PATCH = Patch(
     id="sglang-moe-autotune-flashinfer-cutlass",
     package="sglang",
@@ -89,9 +132,24 @@ PATCH = Patch(
     fixed_in="0.5.13",
     rewrites=(
         # The gate was a ModelRunner method until 0.5.13, the bug shape until 0.5.12.post1.
-        Rewrite("sglang/srt/model_executor/model_runner.py", ">=0.5.9,<0.5.14", widen_autotune_gate),
+        Rewrite(
+            "sglang/srt/model_executor/model_runner.py",
+            ">=0.5.9,<0.5.14",
+            widen_autotune_gate,
+            quick=quick_widen_autotune_gate,
+        ),
         # From 0.5.14 the gate moved; these only confirm that the fix is there.
-        Rewrite("sglang/srt/model_executor/runner/base_runner.py", ">=0.5.14,<0.5.15", widen_autotune_gate),
-        Rewrite("sglang/srt/model_executor/runner/flashinfer_autotune.py", ">=0.5.15,<=0.5.23", widen_autotune_gate),
+        Rewrite(
+            "sglang/srt/model_executor/runner/base_runner.py",
+            ">=0.5.14,<0.5.15",
+            widen_autotune_gate,
+            quick=quick_widen_autotune_gate,
+        ),
+        Rewrite(
+            "sglang/srt/model_executor/runner/flashinfer_autotune.py",
+            ">=0.5.15,<=0.5.23",
+            widen_autotune_gate,
+            quick=quick_widen_autotune_gate,
+        ),
     ),
 )

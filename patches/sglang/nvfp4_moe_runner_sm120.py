@@ -21,8 +21,12 @@ Every other GPU keeps upstream's behaviour.
 
 from __future__ import annotations
 
+import ast
+
+from sm120kit.patching import ast_tools
+from sm120kit.patching.ast_tools import FUNCTIONS, assigned, blocks, one_per_line, walk
 from sm120kit.patching.cst_tools import callee_name, carries, cst, find_functions, insert_after, iter_nodes, marker_line
-from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten
+from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten, WouldRewrite
 
 RUNNER = "create_moe_runner"
 SWITCH = "enable_flashinfer_cutlass_moe"
@@ -190,6 +194,103 @@ def resolve_nvfp4_auto_on_sm120(module, ctx):
     return Rewritten(module)
 
 
+# -- the same verdict without libcst (sm120kit/patching/ast_tools.py) -----------------------
+
+
+def _quick_member(node, name: str) -> bool:
+    return any(
+        isinstance(n, ast.Attribute)
+        and n.attr == name
+        and isinstance(n.value, ast.Name)
+        and n.value.id == "MoeRunnerBackend"
+        for n in walk(node)
+    )
+
+
+def _quick_calls(node, name: str) -> bool:
+    return any(isinstance(n, ast.Call) and ast_tools.callee_name(n) == name for n in walk(node))
+
+
+def _quick_is_trtllm_default(stmt) -> bool:
+    value = assigned(stmt, "moe_runner_backend")
+    return isinstance(value, ast.Attribute) and _quick_member(value, "FLASHINFER_TRTLLM")
+
+
+def _quick_is_global_switch(stmt) -> bool:
+    value = stmt.value if isinstance(stmt, ast.Return) else None
+    return (
+        isinstance(value, ast.Call)
+        and ast_tools.callee_name(value) == "is_flashinfer_cutlass"
+        and isinstance(value.func, ast.Attribute)
+        and isinstance(value.func.value, ast.Call)
+        and ast_tools.callee_name(value.func.value) == "get_moe_runner_backend"
+    )
+
+
+def _quick_resolution(code, runner, ctx) -> tuple[str | None, str | None]:
+    """(state, the anchor-missing reason)"""
+    branches = [
+        stmt
+        for stmt in runner.body
+        if isinstance(stmt, ast.If)
+        and isinstance(stmt.test, ast.Call)
+        and ast_tools.callee_name(stmt.test) == "is_auto"
+    ]
+    if not branches:
+        called = {ast_tools.callee_name(n) for n in walk(runner) if isinstance(n, ast.Call)} - {None}
+        helpers = code.functions(called)
+        if any(_quick_calls(f, "is_auto") and _quick_member(f, "FLASHINFER_CUTLASS") for f in helpers):
+            return FIXED, None
+        return None, f"{RUNNER} has no `if ....is_auto():` resolution"
+    branch = branches[0]
+    marked = code.scope(runner).marked(ctx.marker)
+    if any(id(n) in marked for n in walk(branch)):
+        return DONE, None
+    if _quick_member(branch, "FLASHINFER_CUTLASS"):
+        return FIXED, None
+    sites = 0
+    for block in blocks(code, branch):
+        one_per_line(block)
+        sites += sum(map(_quick_is_trtllm_default, block))
+    if sites != 1:
+        return (
+            None,
+            f"expected one `moe_runner_backend = MoeRunnerBackend.FLASHINFER_TRTLLM` under is_auto(), found {sites}",
+        )
+    return TODO, None
+
+
+def _quick_switch(code, switch, ctx) -> tuple[str | None, str | None]:
+    scope = code.scope(switch)
+    one_per_line(switch.body)
+    if any(id(stmt) in scope.marked(ctx.marker) for stmt in switch.body):
+        return DONE, None
+    if any(isinstance(n, ast.Attribute) and n.attr == RESOLVED for n in walk(switch)) or scope.has_string(
+        switch, RESOLVED
+    ):
+        return FIXED, None
+    if sum(map(_quick_is_global_switch, switch.body)) != 1:
+        return None, f"expected `return get_moe_runner_backend().is_flashinfer_cutlass()` in {SWITCH}"
+    return TODO, None
+
+
+def quick_resolve_nvfp4_auto_on_sm120(code, ctx):
+    methods = [{f.name: f for f in c.body if isinstance(f, FUNCTIONS)} for c in code.classes()]
+    owners = [m for m in methods if RUNNER in m and SWITCH in m]
+    if len(owners) != 1:
+        return AnchorMissing(f"no one class with both {RUNNER} and {SWITCH} (ModelOptNvFp4FusedMoEMethod)")
+    runner_state, runner_missing = _quick_resolution(code, owners[0][RUNNER], ctx)
+    switch_state, switch_missing = _quick_switch(code, owners[0][SWITCH], ctx)
+    for state, missing in ((runner_state, runner_missing), (switch_state, switch_missing)):
+        if state is None:
+            return AnchorMissing(str(missing))
+    if TODO not in (runner_state, switch_state):
+        if DONE in (runner_state, switch_state):
+            return AlreadyApplied()
+        return FixedUpstream(f"{RUNNER} resolves auto to FLASHINFER_CUTLASS and {SWITCH} reads the resolved backend")
+    return WouldRewrite()
+
+
 PATCH = Patch(
     id="sglang-nvfp4-moe-runner-sm120",
     package="sglang",
@@ -204,6 +305,11 @@ PATCH = Patch(
     refs=("sgl-project/sglang#39807",),
     rewrites=(
         # 0.5.11-0.5.12.post1 resolve auto too but keep no resolved backend and never read it.
-        Rewrite("sglang/srt/layers/quantization/modelopt_quant.py", ">=0.5.13,<=0.5.23", resolve_nvfp4_auto_on_sm120),
+        Rewrite(
+            "sglang/srt/layers/quantization/modelopt_quant.py",
+            ">=0.5.13,<=0.5.23",
+            resolve_nvfp4_auto_on_sm120,
+            quick=quick_resolve_nvfp4_auto_on_sm120,
+        ),
     ),
 )

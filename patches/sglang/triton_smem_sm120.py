@@ -9,8 +9,12 @@ the real kernels for sm_120 with Triton (tests/test_smem_sm120.py).
 
 from __future__ import annotations
 
+import ast
+
+from sm120kit.patching import ast_tools
+from sm120kit.patching.ast_tools import Undecided, is_integer, one_per_line, starts_block, walk
 from sm120kit.patching.cst_tools import carries, compares_to, cst, find_functions, insert_after, iter_nodes, marker_line
-from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten
+from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten, WouldRewrite
 
 # context_attention_fwd: BLOCK=128 needs 163840 B at head_dim 256 (bf16) and 131072 B at
 # 128 (fp32). Shared memory grows with BLOCK x the padded head row (next_power_of_2(Lk) x
@@ -105,6 +109,77 @@ def limit_fp8_moe_default(module, ctx):
     return Rewritten(put(func.deep_replace(branch, branch.with_changes(body=block))))
 
 
+# -- the same verdicts without libcst (sm120kit/patching/ast_tools.py) ----------------------
+
+
+def quick_verify_extend_sm120_branch(code, ctx):
+    found = code.functions(["_get_block_sizes_for_extend_attention"])
+    if not found:
+        return AnchorMissing("no function _get_block_sizes_for_extend_attention")
+    if ast_tools.compares_to(code, found[0], "12"):
+        return FixedUpstream("_get_block_sizes_for_extend_attention has a capability-12 branch (PR #14311)")
+    return AnchorMissing("_get_block_sizes_for_extend_attention has no capability-12 branch")
+
+
+def _quick_assigns(code, stmts, name: str, value: str) -> bool:
+    return any(
+        isinstance(n, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
+        and is_integer(code, n.value, value)
+        for stmt in stmts
+        for n in walk(stmt)
+    )
+
+
+def quick_limit_context_attention_block(code, ctx):
+    found = code.functions(["context_attention_fwd"])
+    if not found:
+        return AnchorMissing("no function context_attention_fwd")
+    func = found[0]
+    marked = code.scope(func).marked(ctx.marker)
+    one_per_line(func.body)
+    if any(id(stmt) in marked for stmt in func.body):
+        return AlreadyApplied()
+    if ast_tools.compares_to(code, func, "12"):
+        return FixedUpstream("context_attention_fwd has a capability-12 branch")
+    chosen = [s for s in func.body if isinstance(s, ast.If) and _quick_assigns(code, s.body, "BLOCK", "128")]
+    if len(chosen) != 1:
+        return AnchorMissing(f"expected one `if ...: BLOCK = 128` in context_attention_fwd, found {len(chosen)}")
+    return WouldRewrite()
+
+
+def _quick_is_none_test(node, name: str) -> bool:
+    return (
+        isinstance(node, ast.Compare)
+        and isinstance(node.left, ast.Name)
+        and node.left.id == name
+        and len(node.ops) == 1
+        and isinstance(node.ops[0], ast.Is)
+        and isinstance(node.comparators[0], ast.Constant)
+        and node.comparators[0].value is None
+    )
+
+
+def quick_limit_fp8_moe_default(code, ctx):
+    found = code.functions(["get_default_config"])
+    if not found:
+        return AnchorMissing("no function get_default_config")
+    func = found[0]
+    scope = code.scope(func)
+    if scope.has_name(func, "low_smem", part=True):
+        return FixedUpstream("get_default_config picks low-shared-memory fp8 defaults")
+    fp8 = [n for n in walk(func) if isinstance(n, ast.If) and _quick_is_none_test(n.test, "block_shape")]
+    if len(fp8) != 1:
+        return AnchorMissing(f"expected one `if block_shape is None:` in get_default_config, found {len(fp8)}")
+    branch = fp8[0]
+    if not starts_block(code, branch.body):
+        raise Undecided("`if block_shape is None:` has its body on its line")
+    one_per_line(branch.body)
+    if any(id(stmt) in scope.marked(ctx.marker) for stmt in branch.body):
+        return AlreadyApplied()
+    return WouldRewrite()
+
+
 _TRITON_OPS = "sglang/srt/layers/attention/triton_ops"
 _KERNEL_OPS = "sglang/kernels/ops/attention"
 _MOE_CONFIG = "fused_moe_triton_config.py"
@@ -120,23 +195,45 @@ PATCH = Patch(
     ),
     refs=("sgl-project/sglang#14311", "sgl-project/sglang#8513", "sgl-project/sglang#28019"),
     rewrites=(
-        Rewrite(f"{_TRITON_OPS}/extend_attention.py", ">=0.5.9,<0.5.16", verify_extend_sm120_branch, fixed_in="0.5.9"),
         Rewrite(
-            f"{_KERNEL_OPS}/extend_attention.py", ">=0.5.16,<=0.5.23", verify_extend_sm120_branch, fixed_in="0.5.9"
+            f"{_TRITON_OPS}/extend_attention.py",
+            ">=0.5.9,<0.5.16",
+            verify_extend_sm120_branch,
+            fixed_in="0.5.9",
+            quick=quick_verify_extend_sm120_branch,
         ),
-        Rewrite(f"{_TRITON_OPS}/prefill_attention.py", ">=0.5.9,<0.5.16", limit_context_attention_block),
-        Rewrite(f"{_KERNEL_OPS}/prefill_attention.py", ">=0.5.16,<=0.5.23", limit_context_attention_block),
+        Rewrite(
+            f"{_KERNEL_OPS}/extend_attention.py",
+            ">=0.5.16,<=0.5.23",
+            verify_extend_sm120_branch,
+            fixed_in="0.5.9",
+            quick=quick_verify_extend_sm120_branch,
+        ),
+        Rewrite(
+            f"{_TRITON_OPS}/prefill_attention.py",
+            ">=0.5.9,<0.5.16",
+            limit_context_attention_block,
+            quick=quick_limit_context_attention_block,
+        ),
+        Rewrite(
+            f"{_KERNEL_OPS}/prefill_attention.py",
+            ">=0.5.16,<=0.5.23",
+            limit_context_attention_block,
+            quick=quick_limit_context_attention_block,
+        ),
         Rewrite(
             f"sglang/srt/layers/moe/fused_moe_triton/{_MOE_CONFIG}",
             ">=0.5.9,<0.5.11",
             limit_fp8_moe_default,
             fixed_in="0.5.14",
+            quick=quick_limit_fp8_moe_default,
         ),
         Rewrite(
             f"sglang/srt/layers/moe/moe_runner/triton_utils/{_MOE_CONFIG}",
             ">=0.5.11,<=0.5.23",
             limit_fp8_moe_default,
             fixed_in="0.5.14",
+            quick=quick_limit_fp8_moe_default,
         ),
     ),
 )

@@ -20,8 +20,11 @@ every other backend keep upstream's FP8 choice.
 
 from __future__ import annotations
 
+import ast
+
+from sm120kit.patching.ast_tools import Undecided, is_string, starts_block, walk
 from sm120kit.patching.cst_tools import carries, cst, find_functions, has_string, iter_nodes, marker_line
-from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten
+from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten, WouldRewrite
 
 RESOLVER = "configure_kv_cache_dtype"
 BACKEND = "trtllm_mha"
@@ -108,6 +111,70 @@ def keep_model_dtype_kv(module, ctx):
     return Rewritten(put(func.deep_replace(branch, new_branch)))
 
 
+# -- the same verdict without libcst (sm120kit/patching/ast_tools.py) -----------------------
+
+
+def _quick_compares_to_string(code, node, name: str, value: str) -> bool:
+    return (
+        isinstance(node, ast.Compare)
+        and isinstance(node.left, ast.Name)
+        and node.left.id == name
+        and len(node.ops) == 1
+        and isinstance(node.ops[0], ast.Eq)
+        and is_string(code, node.comparators[0], value)
+    )
+
+
+def _quick_is_fp8_algo_test(code, node) -> bool:
+    return any(
+        isinstance(n, ast.Compare)
+        and isinstance(n.left, ast.Call)
+        and isinstance(n.left.func, ast.Attribute)
+        and isinstance(n.left.func.value, ast.Name)
+        and n.left.func.value.id == "kv_cache_quant_algo"
+        and n.left.func.attr == "upper"
+        and is_string(code, n.comparators[0], "FP8")
+        for n in walk(node)
+    )
+
+
+def quick_keep_model_dtype_kv(code, ctx):
+    found = [f for f in code.functions([RESOLVER]) if f.args.kwonlyargs]
+    if not found:
+        return AnchorMissing(f"no keyword-only function {RESOLVER}")
+    func = found[0]
+    scope = code.scope(func)
+    if scope.marked(ctx.marker):  # any statement of it, itself included
+        return AlreadyApplied()
+    if scope.has_string(func, BACKEND):
+        return FixedUpstream(f"{RESOLVER} already weighs the {BACKEND} backend")
+    autos = [
+        n
+        for n in walk(func)
+        if isinstance(n, ast.If) and _quick_compares_to_string(code, n.test, "server_args_kv_cache_dtype", "auto")
+    ]
+    branches = [
+        n
+        for a in autos
+        for stmt in a.body
+        for n in walk(stmt)
+        if isinstance(n, ast.If) and _quick_is_fp8_algo_test(code, n.test)
+    ]
+    if len(branches) != 1:
+        return AnchorMissing(
+            f"expected one kv_cache_quant_algo FP8 branch under `auto` in {RESOLVER}, found {len(branches)}"
+        )
+    branch = branches[0]
+    if not starts_block(code, branch.body):
+        raise Undecided("the FP8 branch has its body on its line")
+    assigned = {
+        t.id for stmt in branch.body if isinstance(stmt, ast.Assign) for t in stmt.targets if isinstance(t, ast.Name)
+    }
+    if not {"kv_cache_dtype", "resolved_kv_cache_dtype"} <= assigned:
+        return AnchorMissing("the FP8 branch no longer sets kv_cache_dtype and resolved_kv_cache_dtype")
+    return WouldRewrite()
+
+
 PATCH = Patch(
     id="sglang-trtllm-mha-fp8-kv-sm120",
     package="sglang",
@@ -119,5 +186,12 @@ PATCH = Patch(
     ),
     refs=("sgl-project/sglang#39807", "sgl-project/sglang#31959"),
     # 0.5.9-0.5.18 refuse trtllm_mha prefill off SM100 at argument time; 0.5.19 opened SM120.
-    rewrites=(Rewrite("sglang/srt/mem_cache/kv_cache_dtype.py", ">=0.5.19,<=0.5.23", keep_model_dtype_kv),),
+    rewrites=(
+        Rewrite(
+            "sglang/srt/mem_cache/kv_cache_dtype.py",
+            ">=0.5.19,<=0.5.23",
+            keep_model_dtype_kv,
+            quick=quick_keep_model_dtype_kv,
+        ),
+    ),
 )

@@ -20,8 +20,12 @@ its decision by returning it.
 
 from __future__ import annotations
 
+import ast
+
+from sm120kit.patching import ast_tools
+from sm120kit.patching.ast_tools import Undecided, one_per_line, walk
 from sm120kit.patching.cst_tools import callee_name, carries, cst, find_functions, has_string, iter_nodes, marker_line
-from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten
+from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten, WouldRewrite
 
 BACKEND = "trtllm_mla"
 PREFILL_BACKEND = "flashinfer"
@@ -133,6 +137,62 @@ def route_sm120_prefill(module, ctx):
     return Rewritten(put(func.with_changes(body=func.body.with_changes(body=new_body))))
 
 
+# -- the same verdict without libcst (sm120kit/patching/ast_tools.py) -----------------------
+
+
+def _quick_probe_names(node) -> set[str]:
+    names = set()
+    for n in walk(node):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
+            names.add(n.func.id)
+        elif (
+            isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Call)
+            and ast_tools.callee_name(n.value) == "get_platform"
+        ):
+            names.add(n.attr)
+    return names
+
+
+def _quick_module_binds(code, name: str) -> bool:
+    return any(
+        isinstance(stmt, ast.ImportFrom) and any((a.asname or a.name) == name for a in stmt.names if a.name != "*")
+        for stmt in code.tree.body
+    )
+
+
+def quick_route_sm120_prefill(code, ctx):
+    found = code.functions((METHOD, PASS))
+    if len(found) != 1:
+        return AnchorMissing(f"expected one function {METHOD} / {PASS}, found {len(found)}")
+    func = found[0]
+    scope = code.scope(func)
+    body = func.body
+    one_per_line(body)
+    if any(id(stmt) in scope.marked(ctx.marker) for stmt in body):
+        return AlreadyApplied()
+    checks = [stmt for stmt in body if isinstance(stmt, ast.If) and scope.has_string(stmt.test, BACKEND)]
+    known = {"is_sm100_supported", "is_sm100", "is_sm120_supported", "is_sm120", "device_sm"}
+    if any(_quick_probe_names(stmt) & known for stmt in checks):
+        return FixedUpstream(f"{func.name} already tells SM100 from SM12x for {BACKEND}")
+    gates = [s for s in checks if "attention_backend" in {n.attr for n in walk(s.test) if isinstance(n, ast.Attribute)}]
+    if len(gates) != 1:
+        return AnchorMissing(f'expected one `if ...attention_backend == "{BACKEND}"` check in {func.name}')
+    probes = [SM120_PROBES[name] for name in SM120_PROBES if name in _quick_probe_names(gates[0])]
+    if len(probes) != 1:
+        return AnchorMissing(f"the {BACKEND} check in {func.name} calls no known Blackwell probe")
+    if probes[0] == "is_sm120_supported()" and not _quick_module_binds(code, "is_sm120_supported"):
+        return AnchorMissing("is_sm120_supported is not imported by the module")
+    if not func.args.args:
+        raise Undecided(f"{func.name} takes no argument: the transform fails on it")
+    last = body[-1]
+    if func.name == PASS and not (
+        isinstance(last, ast.Return) and isinstance(last.value, ast.Dict) and not last.value.keys
+    ):
+        return AnchorMissing(f"{PASS} does not end with `return {{}}`")
+    return WouldRewrite()
+
+
 PATCH = Patch(
     id="sglang-trtllm-mla-prefill-sm120",
     package="sglang",
@@ -145,7 +205,12 @@ PATCH = Patch(
     ),
     refs=("sgl-project/sglang#24633", "flashinfer-ai/flashinfer#3263", "sgl-project/sglang#28837"),
     rewrites=(
-        Rewrite("sglang/srt/server_args.py", ">=0.5.9,<0.5.15", route_sm120_prefill),
-        Rewrite("sglang/srt/arg_groups/overrides.py", ">=0.5.15,<=0.5.23", route_sm120_prefill),
+        Rewrite("sglang/srt/server_args.py", ">=0.5.9,<0.5.15", route_sm120_prefill, quick=quick_route_sm120_prefill),
+        Rewrite(
+            "sglang/srt/arg_groups/overrides.py",
+            ">=0.5.15,<=0.5.23",
+            route_sm120_prefill,
+            quick=quick_route_sm120_prefill,
+        ),
     ),
 )

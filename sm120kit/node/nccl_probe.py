@@ -4,7 +4,8 @@ This file runs in the TARGET's interpreter (the one that serves sglang, with tor
 sm120kit.node.checks.nccl as `<python> nccl_probe.py ...` in a process group of its own, with
 CUDA_VISIBLE_DEVICES naming the two GPUs and the NCCL variables of the run (the server's, or those
 with NCCL_P2P_DISABLE=1). It imports the standard library and torch only: never sm120kit, which the
-target need not have.
+target need not have (its JSON-lines channel, shared with the other scripts run there, is
+sm120kit/target_script.py, loaded by its path).
 
     python nccl_probe.py [--size-mib 64] [--warmup 2] [--iterations 20] [--timeout 60] [--world 2]
                          [--scratch DIR]
@@ -44,9 +45,9 @@ if sys.path and sys.path[0] and __name__ == "__main__":
         del sys.path[0]
 
 import argparse
-import json
 import os
 import re
+import runpy
 import shutil
 import signal
 import subprocess
@@ -58,38 +59,15 @@ from pathlib import Path
 PROTOCOL = 1
 EXIT_FATAL = 3
 RANK_GRACE_S = 5.0  # how long the other ranks get once one has died (a peer waits for it forever)
+SHARED = Path(__file__).resolve().parent.parent / "target_script.py"
 TRANSPORT = re.compile(r"Channel \S+ : \d+\[\S+\] -> \d+\[\S+\] (?:\[\S+\] )?via (\S+)")
 
 
-class Fatal(Exception):
-    def __init__(self, kind: str, error: str) -> None:
-        super().__init__(error)
-        self.kind = kind
-        self.error = error
-
-
-_protocol = sys.stdout  # the JSON-lines channel; see keep_stdout_for_protocol
-
-
-def keep_stdout_for_protocol() -> None:
-    """Only our JSON lines reach the parent on stdout: the real stdout is kept for them, and file
-    descriptor 1 (what torch's or a C library's prints write to) is pointed at stderr."""
-    global _protocol
-    sys.stdout.flush()
-    _protocol = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-
-
-def emit(event: str, **fields) -> None:
-    # One write a line: the ranks share this pipe, and a write of under PIPE_BUF bytes is atomic.
-    _protocol.write(json.dumps({"event": event, **fields}) + "\n")
-    _protocol.flush()
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
+# Fatal and the JSON-lines channel, shared with the other scripts run in the target: read from
+# sm120kit/target_script.py by its path, as this interpreter need not have sm120kit.
+_shared = runpy.run_path(str(SHARED))
+Fatal, emit, first_line = _shared["Fatal"], _shared["emit"], _shared["first_line"]
+keep_stdout_for_protocol = _shared["keep_stdout_for_protocol"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -255,7 +233,7 @@ def launch(args: argparse.Namespace, argv: list[str]) -> None:
                         str(scratch / "store"),
                     ],
                     stdin=subprocess.DEVNULL,
-                    stdout=_protocol,
+                    stdout=_shared["channel"](),
                     env=env,
                 )
             )

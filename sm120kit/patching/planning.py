@@ -156,6 +156,7 @@ class _Options:
     need_bytes: bool
     allow_missing: frozenset[str]
     tolerate_damage: bool
+    quick: bool
 
 
 def plan(
@@ -167,14 +168,16 @@ def plan(
     need_bytes: bool = True,
     allow_missing: frozenset[str] = frozenset(),
     tolerate_damage: bool = True,
+    quick: bool = True,
 ) -> Plan:
     """What each patch is on the target, and (with need_bytes) the new bytes of each file
     to change. `cache` lets verdicts cached for these exact bytes stand in for running the
-    transforms; `verify` turns it off to prove everything from disk. `allow_missing`: patch
-    ids whose anchor-missing the user accepts (recorded in the ledger by `apply`). A damaged
-    ledger is reported and the markers alone judge the code (`tolerate_damage`), except
-    for a run that would write on top of it."""
-    options = _Options(force, cache, need_bytes, allow_missing, tolerate_damage)
+    transforms; `verify` turns it off to prove everything from disk. `quick`: the patches'
+    quick reads may stand in too (off: every verdict from the transforms, as the shipped
+    seed is computed). `allow_missing`: patch ids whose anchor-missing the user accepts
+    (recorded in the ledger by `apply`). A damaged ledger is reported and the markers alone
+    judge the code (`tolerate_damage`), except for a run that would write on top of it."""
+    options = _Options(force, cache, need_bytes, allow_missing, tolerate_damage, quick)
     result = Plan(target)
     by_package: dict[str, list[Patch]] = defaultdict(list)
     for patch in patches:
@@ -329,7 +332,7 @@ def _plan_file(
     if older:
         after, findings = rebuild(file, items, older, options.need_bytes)
     else:
-        after, findings = cached_verdicts(file, items, options.cache, options.need_bytes)
+        after, findings = cached_verdicts(file, items, options.cache, options.need_bytes, options.quick)
     if file.state is FileState.FOREIGN and not older:  # before qualify: no anchor-missing for a local edit
         judge_foreign(findings, file, options.force)
     result = _FilePlan(qualify(findings, dist, allowed), unrestorable=_unrestorable(file, findings, items))

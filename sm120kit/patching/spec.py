@@ -22,6 +22,8 @@ from packaging.version import Version
 if TYPE_CHECKING:
     import libcst as cst
 
+    from sm120kit.patching.ast_tools import Code
+
 
 class Outcome(str, enum.Enum):
     APPLIED = "applied"
@@ -88,8 +90,19 @@ class AnchorMissing:
     reason: str
 
 
+@dataclass(frozen=True)
+class WouldRewrite:
+    """A quick read's verdict where the transform would return Rewritten: the code has the
+    shape the transform changes (its anchor, not applied, not fixed)."""
+
+
 TransformResult = Rewritten | AlreadyApplied | FixedUpstream | AnchorMissing
 Transform = Callable[["cst.Module", Context], TransformResult]
+# A quick read: the transform's verdict read from the code without libcst (ast and tokens,
+# sm120kit/patching/ast_tools.py), the same result and reason; None (or ast_tools.Undecided)
+# where the cheap read cannot tell, and the transform decides.
+QuickResult = WouldRewrite | AlreadyApplied | FixedUpstream | AnchorMissing | None
+Quick = Callable[["Code", Context], QuickResult]
 
 
 @dataclass(frozen=True)
@@ -100,6 +113,7 @@ class Rewrite:
     versions: str  # PEP 440 specifier set, e.g. ">=0.5.9,<0.5.14"
     transform: Transform
     fixed_in: str | None = None  # when this part was fixed upstream, if not the patch's fixed_in
+    quick: Quick | None = None  # the transform's verdict without libcst, where it can tell (optional)
 
     def covers(self, version: str) -> bool:
         return self._specifiers.contains(Version(version), prereleases=True)

@@ -1,10 +1,11 @@
 """What each patch is on one target file, judged from its bytes, the ledger and RECORD.
 
-The transforms (or the outcome cache, for bytes it has seen) give the first verdict; then
-it is qualified: a file that carries another revision of a patch is outdated and rebuilt
-from the vendor's bytes, a file someone else edited is a foreign edit (whatever its code
-looks like: fixed-upstream and anchor-missing are said only of the vendor's bytes), and past
-the proven window every verdict is unproven. Reads backups and the cache; writes only the cache.
+The transforms (or the outcome cache, for bytes it has seen, or the patches' quick reads,
+where they can tell) give the first verdict; then it is qualified: a file that carries
+another revision of a patch is outdated and rebuilt from the vendor's bytes, a file someone
+else edited is a foreign edit (whatever its code looks like: fixed-upstream and
+anchor-missing are said only of the vendor's bytes), and past the proven window every
+verdict is unproven. Reads backups and the cache; writes only the cache.
 """
 
 from __future__ import annotations
@@ -68,31 +69,44 @@ def _cache_key(patch: Patch, rewrite: Rewrite, version: str, digest: str) -> str
 
 
 def cached_verdicts(
-    file: TargetFile, items: Items, cache: bool, need_bytes: bool
+    file: TargetFile, items: Items, cache: bool, need_bytes: bool, quick: bool = True
 ) -> tuple[bytes | None, list[Finding]]:
     """(new bytes or None when not needed, findings): from the cache (or the shipped seed)
-    when it has every verdict and no new bytes are needed, else from the transforms (and
-    then cached)."""
+    when it has every verdict and no new bytes are needed, else (with `quick`) from the
+    quick reads when they tell every verdict and no new bytes are needed (and then cached),
+    else from the transforms (and then cached). Without `cache` (`verify`), from the
+    transforms alone."""
     version, relpath, digest = file.dist.version, file.relpath, file.digest
     if cache and _as_written(file, items):
         return None, [Finding(p, Outcome.ALREADY_APPLIED, "", version, relpath, p.fixed_in_for(r)) for p, r in items]
     keys = [_cache_key(p, r, version, digest) for p, r in items]
     if cache:
         hits = [h for k in keys if (h := outcome_cache.get(k) or seed.get(k))]
-        if len(hits) == len(keys) and not (need_bytes and any(h["outcome"] == Outcome.WOULD_APPLY.value for h in hits)):
-            return None, [
-                Finding(p, Outcome(h["outcome"]), h["detail"], version, relpath, p.fixed_in_for(r))
-                for (p, r), h in zip(items, hits)
-            ]
+        if len(hits) == len(keys):
+            if not (need_bytes and any(h["outcome"] == Outcome.WOULD_APPLY.value for h in hits)):
+                return None, [
+                    Finding(p, Outcome(h["outcome"]), h["detail"], version, relpath, p.fixed_in_for(r))
+                    for (p, r), h in zip(items, hits)
+                ]
+        elif quick and (read := transform.quick_verdicts(file.before, items, version, relpath)) is not None:
+            wanted = need_bytes and any(f.outcome is Outcome.WOULD_APPLY for f in read)  # bytes only libcst writes
+            if not wanted:
+                _put(keys, read)
+                return None, read
     after, findings = transform.run_rewrites(file.before, items, version, relpath)
     after_digest = sha256(after)
-    for (p, r), k, f in zip(items, keys, findings):
-        if f.outcome is not Outcome.FAILED:  # a failure may be an environment accident; retry it
-            outcome_cache.put(k, {"outcome": f.outcome.value, "detail": f.detail})
+    _put(keys, findings)
+    for (p, r), f in zip(items, findings):
         if f.outcome is Outcome.WOULD_APPLY:  # the self-check proved it on the new bytes
             already = {"outcome": Outcome.ALREADY_APPLIED.value, "detail": ""}
             outcome_cache.put(_cache_key(p, r, version, after_digest), already)
     return after, findings
+
+
+def _put(keys: list[str], findings: list[Finding]) -> None:
+    for key, f in zip(keys, findings):
+        if f.outcome is not Outcome.FAILED:  # a failure may be an environment accident; retry it
+            outcome_cache.put(key, {"outcome": f.outcome.value, "detail": f.detail})
 
 
 def _as_written(file: TargetFile, items: Items) -> bool:

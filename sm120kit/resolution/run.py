@@ -13,13 +13,11 @@ import dataclasses
 import hashlib
 import json
 import os
-import signal
-import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sm120kit import child_process
 from sm120kit.caches import cache_dir
 from sm120kit.resolution.slots import RECORD_FIELDS
 
@@ -29,7 +27,6 @@ DEFAULT_TIMEOUT = 120.0  # seconds: sglang's import is ~7 s on an idle CPU, minu
 ENV_PREFIXES = ("SGLANG", "SGL_", "FLASHINFER", "CUDA", "TORCH", "NVIDIA", "NCCL", "HF_", "TRANSFORMERS", "PYTHON")
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # a check never reaches the network
 REDACTED = "sm120kit-redacted"  # in place of a secret: no selection reads the API key
-OUTPUT_LIMIT = 64 << 20
 # What sglang's own checks raise on arguments it refuses; anything else (an ImportError, an
 # OSError reading the model) means the resolution could not run here.
 SGLANG_REFUSALS = ("ValueError", "AssertionError", "NotImplementedError")
@@ -166,69 +163,40 @@ def _child(
     ended where it left launches unanswered)."""
     request = {"argvs": flags, "capability": node.capability, "gpus": node.gpus, "memory_mib": node.memory_mib}
     request.update(name=node.name, fields=list(fields) if fields is not None else None)
-    started = time.monotonic()
-    try:
-        child = subprocess.Popen(
-            [python, "-c", PROBE.read_text()],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            start_new_session=True,  # its own group: a timeout kills sglang's children too
+    try:  # its own group: a timeout kills sglang's children too
+        child = child_process.run(
+            [python, "-c", PROBE.read_text()], env=env, input=json.dumps(request), deadline_s=timeout
         )
     except OSError as exc:
         return False, {}, Resolution(False, stage="probe", error=f"cannot start {python}: {exc.strerror or exc}")
-    timed_out = False
-    try:
-        out, err = child.communicate(json.dumps(request).encode(), timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        out, err = _kill_group(child)
-    head, got = _lines(out[-OUTPUT_LIMIT:])
-    wall = round(time.monotonic() - started, 3)
+    head, got = _answers(child)
     import_seconds = head.get("import_seconds") if head else None
     for answer in got.values():
         if answer.ok:
-            answer.seconds = {"import": import_seconds, "resolve": answer.seconds.get("resolve"), "wall": wall}
+            answer.seconds = {"import": import_seconds, "resolve": answer.seconds.get("resolve"), "wall": child.seconds}
     imported = bool(head and head.get("ok") is True)
-    if timed_out:
+    if child.hung:
         ended = Resolution(
             False, stage="timeout", error=f"no answer within {timeout:.0f} s (${TIMEOUT_ENV} sets the limit)"
         )
     elif head is not None and head.get("ok") is not True:
         ended = Resolution(False, stage=str(head.get("stage") or "probe"), error=str(head.get("error", ""))[:2000])
     else:
-        tail = err.decode(errors="replace").strip().splitlines()[-1:] or [""]
-        said = f"exit status {child.returncode}" + (f": {tail[0][:300]}" if tail[0] else "")
+        tail = (child.stderr_tail() or [""])[-1]
+        said = f"exit status {child.returncode}" + (f": {tail[:300]}" if tail else "")
         what = "ended the process" if imported else "gave no answer"
         ended = Resolution(False, stage="probe", error=f"the probe {what} ({said})")
     return imported, got, ended
 
 
-def _kill_group(child: subprocess.Popen) -> tuple[bytes, bytes]:
-    """SIGKILL the child's whole group; what it wrote before (nothing is lost)."""
-    try:
-        os.killpg(child.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    return child.communicate()
-
-
-def _lines(out: bytes) -> tuple[dict | None, dict[int, Resolution]]:
+def _answers(child: child_process.ChildRun) -> tuple[dict | None, dict[int, Resolution]]:
     """The probe's MARKER lines of this protocol: (its first word, the answers by index)."""
     from sm120kit.resolution.probe import MARKER, PROTOCOL
-    from sm120kit.shallow_json import loads
 
     head: dict | None = None
     got: dict[int, Resolution] = {}
-    for line in out.decode(errors="replace").splitlines():
-        if not line.startswith(MARKER):
-            continue
-        try:
-            doc = loads(line[len(MARKER) :])
-        except ValueError:
-            continue
-        if not isinstance(doc, dict) or doc.get("protocol") != PROTOCOL:
+    for doc in child.objects(MARKER):
+        if doc.get("protocol") != PROTOCOL:
             continue
         index = doc.get("index")
         if not isinstance(index, int):

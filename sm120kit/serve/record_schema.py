@@ -4,13 +4,17 @@ Readers get a RunStatus and an EventKind, never a bare string to compare; a dama
 state.json is one error (DamagedRecord: the file, and what is wrong with it), never a run
 half-read.
 
-pydantic is imported only when a state.json is read (`sm120kit ps` over no run starts
-without it); an event line is read with json alone."""
+pydantic is imported only for a state.json that is not plainly a record as the supervisor
+writes it (_plainly_valid): there the model says what is wrong. `sm120kit ps` over sound
+records starts without it (its import and the model cost a tenth of a second, most of what
+`ps` took); an event line is read with json alone."""
 
 from __future__ import annotations
 
 import functools
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -82,8 +86,55 @@ def run_state(doc: object) -> dict:
     one) where it is not a record the supervisor writes."""
     if not isinstance(doc, dict):
         raise ValueError(f"a JSON {type(doc).__name__}, not an object")
-    _run_state().model_validate(doc)
+    if not _plainly_valid(doc):
+        _run_state().model_validate(doc)
     return {**doc, "status": run_status(doc["status"])}
+
+
+def _is_int(value: object, low: int, high: float = math.inf) -> bool:
+    return type(value) is int and low <= value <= high  # strict: no bool, no float
+
+
+def _is_seconds(value: object, high: float = math.inf) -> bool:
+    """A float in strict mode takes an int too, never a bool; finite, in the range."""
+    return isinstance(value, int | float) and type(value) is not bool and math.isfinite(value) and 0 <= value <= high
+
+
+def _is_moment(value: object) -> bool:
+    return _is_seconds(value, MAX_TIME)
+
+
+def _absent_or(doc: dict, key: str, check: Callable[[object], bool]) -> bool:
+    return doc.get(key) is None or check(doc[key])
+
+
+def _plainly_valid(doc: dict) -> bool:
+    """Whether every field _run_state's model declares is plainly of its type and in its
+    range (or absent where it has a default). Never more lenient than the model
+    (tests/test_truth_cheap_reads.py); where it says no, the model decides and says why."""
+    health = doc.get("last_health")
+    return (
+        type(doc.get("profile")) is str
+        and type(doc.get("status")) is str
+        and _is_int(doc.get("supervisor_pid"), 1, MAX_PID)
+        and _absent_or(doc, "supervisor_started", _is_moment)
+        and _absent_or(doc, "since", _is_moment)
+        and _absent_or(doc, "server_pid", lambda v: _is_int(v, 1, MAX_PID))
+        and _is_int(doc.get("restarts", 0), 0)
+        and type(doc.get("host", "?")) is str
+        and _absent_or(doc, "port", lambda v: _is_int(v, 1, 65535))
+        and _absent_or(doc, "marker", lambda v: type(v) is str)
+        and (
+            health is None
+            or (
+                type(health) is dict
+                and _absent_or(health, "at", _is_moment)
+                and _absent_or(health, "ok", lambda v: type(v) is bool)
+                and type(health.get("detail", "")) is str
+                and _absent_or(health, "seconds", _is_seconds)
+            )
+        )
+    )
 
 
 def read_run_state(path: Path) -> dict:

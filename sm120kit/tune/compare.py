@@ -7,14 +7,13 @@ Separate from timing.py: it is one job sent to one worker and read back whole, a
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from sm120kit import child_process
 from sm120kit.errors import UserError
 from sm120kit.tune.shape import MoeShape
 from sm120kit.tune.worker_client import DEFAULT_SETTINGS, PROTOCOL, WORKER, visible_device
@@ -68,30 +67,12 @@ def compare_with_default(
         **{**DEFAULT_SETTINGS, **(settings or {}), "repeats": repeats},
     }
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible_device(gpu)}
-    proc = subprocess.Popen(
-        [str(python), str(worker)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(json.dumps(job) + "\n", timeout=timeout_s)
-    except BaseException:  # Ctrl-C or the timeout: end its process group, then say so
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise
+    argv = [str(python), str(worker)]
+    done = child_process.run(argv, env=env, input=json.dumps(job) + "\n", deadline_s=timeout_s)  # Ctrl-C ends it too
+    if done.hung:
+        raise subprocess.TimeoutExpired(argv, timeout_s or 0.0)
     found: dict[int, dict] = {}
-    for line in out.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(event, dict):
-            continue
+    for event in done.objects():
         kind, m = event.get("event"), event.get("batch_size")
         if kind == "fatal":
             raise UserError(f"the timing worker on GPU {gpu} stopped: {event.get('error')}")
@@ -109,7 +90,9 @@ def compare_with_default(
         row = found.get(m, {})
         result = row.get("result") or {}
         ok = result.get("status") == "ok"
-        error = None if ok else result.get("error") or f"no result (worker exit {proc.returncode}: {err[-300:]})"
+        error = (
+            None if ok else result.get("error") or f"no result (worker exit {done.returncode}: {done.stderr[-300:]})"
+        )
         comparisons.append(
             Comparison(
                 batch_size=m,

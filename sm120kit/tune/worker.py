@@ -9,8 +9,9 @@ Why it is one file of several jobs (the probe, the protocol's reading and writin
 inputs, running and timing sglang's kernel, the compile mode): another interpreter runs it as a
 script by its path, and that environment need not have sm120kit installed, so it cannot import a
 sibling module; split, it would have to put its own directory on sys.path, which the block below
-takes off to keep its neighbours from shadowing torch's and sglang's imports. Its sections are
-marked below instead.
+takes off to keep its neighbours from shadowing torch's and sglang's imports, or load each part by
+its path, as it loads the one part it shares with the other scripts run in the target (Fatal and
+the JSON-lines channel, sm120kit/target_script.py). Its sections are marked below instead.
 
     python worker.py --probe        one JSON line: versions (from metadata), CUDA, the GPUs (names, memory)
     python worker.py JOB.json       run the job's batch sizes
@@ -82,6 +83,7 @@ import inspect
 import json
 import math
 import os
+import runpy
 import statistics
 import time
 import types
@@ -89,6 +91,7 @@ from pathlib import Path
 
 PROTOCOL = 1
 EXIT_FATAL = 3
+SHARED = Path(__file__).resolve().parent.parent / "target_script.py"
 
 # Where each release keeps the kernel and the config helpers, newest layout first.
 KERNEL_MODULES = (
@@ -117,38 +120,15 @@ PRUNE = 2.0
 FALLBACK_REFERENCE = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4}
 
 
-class Fatal(Exception):
-    def __init__(self, kind: str, error: str) -> None:
-        super().__init__(error)
-        self.kind = kind
-        self.error = error
-
-
-_protocol = sys.stdout  # the JSON-lines channel; see keep_stdout_for_protocol
-
-
-def keep_stdout_for_protocol() -> None:
-    """Only our JSON lines reach the parent on stdout: the real stdout is kept for them, and file
-    descriptor 1 (what sglang's, Triton's or a C library's prints write to) is pointed at stderr."""
-    global _protocol
-    sys.stdout.flush()
-    _protocol = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-
-
-def emit(event: str, **fields) -> None:
-    _protocol.write(json.dumps({"event": event, **fields}) + "\n")
-    _protocol.flush()
+# Fatal and the JSON-lines channel, shared with the other scripts run in the target: read from
+# sm120kit/target_script.py by its path, as this interpreter need not have sm120kit.
+_shared = runpy.run_path(str(SHARED))
+Fatal, emit, first_line = _shared["Fatal"], _shared["emit"], _shared["first_line"]
+keep_stdout_for_protocol = _shared["keep_stdout_for_protocol"]
 
 
 def log(message: str) -> None:
     print(f"worker: {message}", file=sys.stderr, flush=True)
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
 
 
 def version_of(name: str) -> str | None:

@@ -8,18 +8,13 @@ these pipes, and timing.py (the schedule) and compare.py (default against tuned)
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import queue
-import signal
-import subprocess
-import threading
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeAlias
 
+from sm120kit import child_process
 from sm120kit.errors import UserError
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -47,23 +42,17 @@ def probe(python: Path, worker: Path = WORKER) -> Probe:
     cannot time (no torch, no CUDA, no GPU, no sglang) is a UserError before anything is written."""
     hint = "run tune-moe on a node with GPUs, with --python naming the environment sglang serves from"
     try:
-        done = subprocess.run(
-            [str(python), str(worker), "--probe"],
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
+        done = child_process.run([str(python), str(worker), "--probe"], deadline_s=PROBE_TIMEOUT_S)
+    except OSError as exc:
         raise UserError(f"{python}: cannot run it to look for GPUs: {exc}", hint) from exc
+    if done.hung:
+        raise UserError(f"{python}: the timing worker's probe gave no answer within {PROBE_TIMEOUT_S:g} s", hint)
     info = None
-    for line in done.stdout.splitlines():
-        with contextlib.suppress(ValueError):
-            event = json.loads(line)
-            if isinstance(event, dict) and event.get("event") == "probe":
-                info = event
+    for event in done.objects():
+        if event.get("event") == "probe":
+            info = event
     if info is None:
-        tail = " ".join((done.stderr or "").strip().splitlines()[-3:])
+        tail = " ".join(done.stderr_tail(3))
         raise UserError(f"{python}: the timing worker's probe said nothing (exit {done.returncode}): {tail}", hint)
     if not info.get("torch") or info.get("error", "").startswith("torch cannot be imported"):
         raise UserError(f"{python}: no torch in this environment: timing needs torch with CUDA and a GPU", hint)
@@ -96,7 +85,7 @@ Events: TypeAlias = "queue.Queue[tuple[Worker, dict | None]]"
 
 
 class Worker:
-    """One worker process on one GPU, with threads that turn its output into events on a queue."""
+    """One worker process on one GPU, its output turned into events on a queue as it comes."""
 
     def __init__(self, python: Path, script: Path, gpu: int, job: dict, events: Events) -> None:
         self.gpu = gpu
@@ -107,50 +96,20 @@ class Worker:
         self.default: dict = {}
         self.finished = False  # told there is no more work
         self.fatal = False  # said why it stopped
-        self.stderr_tail: deque[str] = deque(maxlen=30)
+
+        def said(event: dict) -> None:
+            if "event" in event:
+                events.put((self, event))
+
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible_device(gpu), "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [str(python), str(script)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-            env=env,
-            start_new_session=True,  # its own process group: Ctrl-C reaches us, and we end it whole
+        self.child = child_process.LineChild(
+            [str(python), str(script)], env=env, on_object=said, on_end=lambda: events.put((self, None))
         )
-        stdin, stdout, stderr = self.proc.stdin, self.proc.stdout, self.proc.stderr
-        assert stdin is not None and stdout is not None and stderr is not None  # all three are pipes
-        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
-        self._threads = [
-            threading.Thread(target=self._read_stdout, args=(events,), daemon=True),
-            threading.Thread(target=self._read_stderr, daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
+        self.proc = self.child.proc
         self.send(job)
 
-    def _read_stdout(self, events: Events) -> None:
-        for line in self.stdout:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                self.stderr_tail.append(line.rstrip())
-                continue
-            if isinstance(event, dict) and "event" in event:
-                events.put((self, event))
-        events.put((self, None))  # end of output: the worker is gone
-
-    def _read_stderr(self) -> None:
-        for line in self.stderr:
-            self.stderr_tail.append(line.rstrip())
-
     def send(self, message: dict) -> None:
-        try:
-            self.stdin.write(json.dumps(message) + "\n")
-            self.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass  # it died: its end of output says so
+        self.child.send(message)  # where it died, its end of output says so
 
     def request(self, batch: dict) -> None:
         self.batch, self.results, self.reference_seen = batch, [], False
@@ -159,23 +118,11 @@ class Worker:
     def finish(self) -> None:
         """No more work: close its stdin and let it exit."""
         self.finished = True
-        with contextlib.suppress(OSError):
-            self.stdin.close()
+        self.child.close_stdin()
 
     def kill(self) -> None:
         """SIGTERM to its process group, SIGKILL after a grace period."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(KILL_GRACE_S)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        for stream in (self.stdin, self.stdout, self.stderr):
-            with contextlib.suppress(OSError):
-                stream.close()
+        self.child.stop(KILL_GRACE_S)
 
     def tail(self) -> str:
-        return " | ".join(list(self.stderr_tail)[-5:])
+        return " | ".join(list(self.child.tail)[-5:])

@@ -4,11 +4,7 @@ programs' own wording, and a server's death diagnosed as serve meets it."""
 from __future__ import annotations
 
 import pytest
-from serve_fixtures import DEATHS, TRACEBACK, TRITON_SMEM
-
-# fixtures (serve takes env_python): pytest finds a fixture in the module that imports it
-from serve_fixtures import env_python_fixture as env_python_fixture
-from serve_fixtures import serve_fixture as serve_fixture
+from support.serve import DEATHS, TRACEBACK, TRITON_SMEM
 
 from sm120kit.serve.diagnose import diagnose, signatures
 

@@ -6,11 +6,7 @@ from __future__ import annotations
 import signal
 
 import pytest
-from serve_fixtures import SECRET
-
-# fixtures (serve takes env_python): pytest finds a fixture in the module that imports it
-from serve_fixtures import env_python_fixture as env_python_fixture
-from serve_fixtures import serve_fixture as serve_fixture
+from support.serve import SECRET
 
 from sm120kit.serve import procs
 from sm120kit.serve.progress import LineSplitter, phase_of

@@ -19,13 +19,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, install
-from serve_fixtures import VERSION, inputs, make_venv, profile, ps, said
-
-# fixtures (serve takes env_python): pytest finds a fixture in the module that imports it
-from serve_fixtures import env_python_fixture as env_python_fixture
-from serve_fixtures import serve_fixture as serve_fixture
-from standin import PROFILES, STANDIN, Served, foreign_server, free_port, make_env_python
+from support.node import check_inputs as inputs
+from support.paths import ROOT
+from support.serve import VERSION, make_venv, profile, ps, said
+from support.sites import install
+from support.standin import PROFILES, STANDIN, Served, foreign_server, free_port, make_env_python
 
 from sm120kit import wheels
 from sm120kit.exit_codes import ExitCode
@@ -582,7 +580,7 @@ def test_a_router_under_a_live_supervisor_is_not_stale_and_is_when_that_is_gone(
 def test_a_live_fleets_router_is_not_stale_to_a_serve_from_another_state_directory(tmp_path):
     """The issue's case: a fleet served (its own state directory, as another unit's or
     another user's), then `serve --check` of another profile on the node."""
-    from test_fleet import Fleet
+    from support.standin import Fleet
 
     (tmp_path / "env").mkdir()
     python = make_env_python(tmp_path / "env", VERSION)

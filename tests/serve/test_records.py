@@ -10,10 +10,6 @@ import time
 
 import pytest
 
-# fixtures (serve takes env_python): pytest finds a fixture in the module that imports it
-from serve_fixtures import env_python_fixture as env_python_fixture
-from serve_fixtures import serve_fixture as serve_fixture
-
 from sm120kit.serve.record_schema import DamagedRecord, event_line, read_run_state
 from sm120kit.serve.rundir import copy_truncate, read_state, rotate
 from sm120kit.serve.status import EventKind, RunStatus

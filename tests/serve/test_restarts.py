@@ -11,13 +11,9 @@ import signal
 import subprocess
 import sys
 
-from conftest import install
-from serve_fixtures import DEATHS, VERSION, make_venv, ps, said
-
-# fixtures (serve takes env_python): pytest finds a fixture in the module that imports it
-from serve_fixtures import env_python_fixture as env_python_fixture
-from serve_fixtures import serve_fixture as serve_fixture
-from standin import Served, make_env_python
+from support.serve import DEATHS, VERSION, make_venv, ps, said
+from support.sites import install
+from support.standin import Served, make_env_python
 
 from sm120kit.exit_codes import ExitCode
 
@@ -148,7 +144,7 @@ def test_a_fleet_whose_every_replica_lacks_a_module_exits_2(tmp_path):
     """Each replica's scheduler dies loading, for want of a kernel package (imported where
     no static read looks): each member supervisor stops with 2 after one start, and so
     does the fleet (before: each restarted up to health.max_restarts, the fleet exit 1)."""
-    from test_fleet import Fleet
+    from support.standin import Fleet
 
     (tmp_path / "env").mkdir()
     python = make_env_python(tmp_path / "env", VERSION)

@@ -14,11 +14,8 @@ import uuid
 
 import psutil
 import pytest
-from serve_fixtures import SECRET, inputs, profile, ps
-
-# fixtures (serve takes env_python): pytest finds a fixture in the module that imports it
-from serve_fixtures import env_python_fixture as env_python_fixture
-from serve_fixtures import serve_fixture as serve_fixture
+from support.node import check_inputs as inputs
+from support.serve import SECRET, profile, ps
 
 from sm120kit.node.check import Status
 from sm120kit.node.checks import serving

@@ -9,10 +9,6 @@ import time
 
 import psutil
 
-# fixtures (serve takes env_python): pytest finds a fixture in the module that imports it
-from serve_fixtures import env_python_fixture as env_python_fixture
-from serve_fixtures import serve_fixture as serve_fixture
-
 from sm120kit.serve import procs
 
 

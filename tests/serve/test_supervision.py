@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-from conftest import FAKE_EPOCH as EPOCH
-from conftest import FakeClock
-from serve_fixtures import TRACEBACK
+from support.clock import FAKE_EPOCH as EPOCH
+from support.clock import FakeClock
+from support.serve import TRACEBACK
 
 from sm120kit.exit_codes import ExitCode
 from sm120kit.node import nvml

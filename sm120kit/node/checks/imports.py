@@ -11,15 +11,11 @@ serve's preflight runs it (CheckInputs.entry_points: what a launch says it start
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
-import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sm120kit import child_process
 from sm120kit.node.check import Check, Status
 
 if TYPE_CHECKING:
@@ -127,40 +123,19 @@ def probe(python: str, roots: list[str], env: dict[str, str], timeout_s: float =
     """The probe's answer, run as `python -c PROBE ROOT...` in a session of its own (what
     it starts is stopped with it); a string saying why there is none."""
     try:
-        proc = subprocess.Popen(
-            [python, "-c", PROBE.read_text(), *roots],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
-            env=env,
-            start_new_session=True,
-        )
+        done = child_process.run([python, "-c", PROBE.read_text(), *roots], env=env, deadline_s=timeout_s)
     except OSError as exc:
         return f"cannot run it ({exc.strerror or exc})"
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.communicate(timeout=5)
+    if done.hung:
         return f"no answer within {timeout_s:g} s (stopped)"
-    finally:
-        _kill_group(proc.pid)  # whatever it left running in its session goes too
-    if proc.returncode:
-        last = err.strip().splitlines()[-1] if err.strip() else "no message"
-        return f"its python exited {proc.returncode} ({last[:200]})"
+    if done.returncode:
+        last = (done.stderr_tail() or ["no message"])[-1]
+        return f"its python exited {done.returncode} ({last[:200]})"
     try:
-        said = json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        said = child_process.loads_line(done.last_line())
+    except ValueError:
         said = None
     keys = {"files": int, "absent": list, "missing": dict, "found": list, "unread": list}
     if not isinstance(said, dict) or not all(isinstance(said.get(k), t) for k, t in keys.items()):
         return "it did not answer as a Python interpreter would"
     return said
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(OSError):
-        os.killpg(pgid, signal.SIGKILL)

@@ -15,18 +15,14 @@ are reset. The run with P2P disabled goes first, so that such a hang cannot spoi
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import signal
-import subprocess
 import tempfile
 import time
-from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sm120kit import child_process
 from sm120kit.errors import UserError
 from sm120kit.node.check import Check, Status
 from sm120kit.node.inputs import NcclRequest
@@ -140,36 +136,15 @@ def probe(
         argv += ["--world", str(world), "--timeout", f"{timeout_s:g}", "--scratch", scratch]
         env = {**env, "CUDA_VISIBLE_DEVICES": devices, "PYTHONUNBUFFERED": "1"}
         began = time.monotonic()
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                errors="replace",
-                env=env,
-                start_new_session=True,  # its own process group: the ranks are killed with it
-            )
+        try:  # its own process group: the ranks are killed with it
+            done = child_process.run(argv, env=env, deadline_s=timeout_s, grace_s=KILL_GRACE_S)
         except OSError as exc:
             return ProbeRun(mode, "unavailable", kind="no-python", error=f"cannot run {python}: {exc.strerror or exc}")
-        hung = False
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            hung = True
-            _kill_group(proc.pid)  # the launcher is not reaped yet: its group id cannot be anyone else's
-            try:
-                out, err = proc.communicate(timeout=KILL_GRACE_S)
-            except subprocess.TimeoutExpired:  # something outside the group holds the pipes
-                proc.kill()
-                out, err = "", ""
-        left = _end_group(proc.pid, began)
-        run = _read_events(mode, out or "", proc.returncode, err or "", hung)
+        run = _read_events(mode, done)
         if not run.transport:  # a run that hung or failed: how far NCCL had connected
             run.transport = _logged_transports(Path(scratch))
     run.seconds = round(time.monotonic() - began, 3)
-    run.left_running = left
+    run.left_running = done.left_running
     return run
 
 
@@ -183,54 +158,9 @@ def _logged_transports(scratch: Path) -> list[str]:
     return sorted(found)
 
 
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _group_members(pgid: int, since: float) -> list[int]:
-    """Live processes of process group pgid started since `since` (monotonic; a pid reused by
-    a stranger is older than nothing of ours, so the start time rules it out)."""
-    import psutil
-
-    boot = time.time() - time.monotonic()
-    found = []
-    for pid in psutil.pids():
-        try:
-            if os.getpgid(pid) != pgid:
-                continue
-            proc = psutil.Process(pid)
-            if proc.status() != psutil.STATUS_ZOMBIE and proc.create_time() >= boot + since - 1:
-                found.append(pid)
-        except (OSError, psutil.Error):
-            continue
-    return found
-
-
-def _end_group(pgid: int, since: float) -> list[int]:
-    """Kill what is left of the worker's process group (ranks outliving their launcher) and wait
-    for it to go; returns the pids still there after KILL_GRACE_S (none, unless the kernel holds
-    one in an uninterruptible wait)."""
-    deadline = time.monotonic() + KILL_GRACE_S
-    while left := _group_members(pgid, since):
-        _kill_group(pgid)  # a live member keeps the group id from being reused
-        if time.monotonic() > deadline:
-            return left
-        time.sleep(0.05)
-    return []
-
-
-def _read_events(mode: str, out: str, code: int | None, err: str, hung: bool) -> ProbeRun:
+def _read_events(mode: str, child: child_process.ChildRun) -> ProbeRun:
     ready, result, fatal, done, stages = {}, None, None, False, {}
-    for line in out.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(event, dict):
-            continue
+    for event in child.objects():
         kind = event.get("event")
         if kind == "ready":
             ready = event
@@ -245,20 +175,20 @@ def _read_events(mode: str, out: str, code: int | None, err: str, hung: bool) ->
     order = list(STAGES)
     stage = min(stages.values(), key=lambda s: order.index(s) if s in order else -1) if stages else None
     run = ProbeRun(mode, "failed", stage=stage, ready={k: v for k, v in ready.items() if k != "event"})
-    if hung:
+    if child.hung:
         run.outcome = "hung"
     elif fatal:
         run.kind = str(fatal.get("kind", ""))
         run.error = str(fatal.get("error", ""))
         run.outcome = "unavailable" if run.kind in UNAVAILABLE else "failed"
-    elif result and done and code == 0:
+    elif result and done and child.returncode == 0:
         run.outcome = "ok"
         run.busbw_gbps = float(result["busbw_gbps"])
         run.algbw_gbps = float(result["algbw_gbps"])
         run.transport = [str(t) for t in result.get("transport") or ()]
     else:
-        tail = " | ".join(deque((x for x in err.splitlines() if x.strip()), maxlen=3))
-        run.error = f"the worker exited with status {code} without a result" + (f": {tail}" if tail else "")
+        tail = " | ".join(child.stderr_tail(3))
+        run.error = f"the worker exited with status {child.returncode} without a result" + (f": {tail}" if tail else "")
     return run
 
 

@@ -1,6 +1,7 @@
 """Serving the sglang stand-in (TEST FIXTURE, fixtures/sglang_standin.py) with `sm120kit
-serve` in a process of its own, and the python that runs it (and the benchmark client
-stand-in): used by tests/serve/, test_bench.py and scripts/bench_serve.py."""
+serve` in a process of its own (one server, or a fleet behind the real router), and the
+python that runs it (and the benchmark client stand-in): used by tests/serve/,
+test_fleet.py, test_bench.py and scripts/bench_serve.py."""
 
 from __future__ import annotations
 
@@ -11,15 +12,21 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
 import psutil
-from conftest import ROOT, install
+from prometheus_client.parser import text_string_to_metric_families
 
-STANDIN = ROOT / "tests" / "fixtures" / "sglang_standin.py"
-CLIENT_STANDIN = ROOT / "tests" / "fixtures" / "bench_serving_standin.py"
-PROFILES = ROOT / "tests" / "fixtures" / "profiles"
+from support.paths import FIXTURES
+from support.sites import install
+
+STANDIN = FIXTURES / "sglang_standin.py"
+CLIENT_STANDIN = FIXTURES / "bench_serving_standin.py"
+PROFILES = FIXTURES / "profiles"
+# The replicas of the standin-fleet profile (fixtures/profiles).
+REPLICAS = ("replica-0", "replica-1", "replica-2")
 
 
 def make_env_python(root: Path, version: str) -> Path:
@@ -192,3 +199,50 @@ class Served:
             p.kill()
         if self.proc:
             self.out_file.close()
+
+
+class Fleet(Served):
+    """`sm120kit serve standin-fleet` with a free port for the router and each replica."""
+
+    def __init__(self, tmp_path: Path, python: Path, faults: dict, sets=(), extra=(), replica_ports=None) -> None:
+        self.replica_ports = replica_ports or [free_port() for _ in REPLICAS]
+        self.requests_log = tmp_path / "requests.jsonl"
+        self.metrics_port = free_port()
+        ports = ", ".join(f"{{port={p}}}" for p in self.replica_ports)
+        super().__init__(
+            tmp_path,
+            python,
+            {"requests_log": str(self.requests_log), **faults},
+            [f"fleet.replica=[{ports}]", f"fleet.router.prometheus_port={free_port()}", *sets],
+            ["--metrics-port", str(self.metrics_port), *extra],
+            {},
+            profile="standin-fleet",
+        )
+
+    def member_state(self, name: str) -> dict:
+        return json.loads((self.dir / name / "state.json").read_text())
+
+    def answered(self) -> list[dict]:
+        lines = self.requests_log.read_text().splitlines() if self.requests_log.exists() else []
+        return [json.loads(line) for line in lines]
+
+    def generations_by_port(self) -> dict[int, int]:
+        done: dict[int, int] = {}
+        for e in self.answered():
+            if e["path"] == "/generate" and e["event"] == "end":
+                done[e["port"]] = done.get(e["port"], 0) + 1
+        return done
+
+    def metrics(self) -> dict[tuple[str, str], float]:
+        """(metric sample name, member) -> value, from our own /metrics."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return {
+            (s.name, s.labels.get("member", "")): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if "status" not in s.labels
+        }
+
+    def routed(self, name: str) -> int:
+        return sum(1 for e in self.events("routed") if e.get("member") == name)
