@@ -20,7 +20,6 @@ from sm120kit.errors import UserError
 WORKER = Path(__file__).with_name("worker.py")
 PROTOCOL = 1  # worker.py's
 PROBE_TIMEOUT_S = 180.0
-KILL_GRACE_S = 5.0
 # How each candidate is timed (worker.py's job keys); part of the timing state's key.
 DEFAULT_SETTINGS = {"seed": 0, "graph_runs": 10, "warmup": 3, "repeats": 10}
 
@@ -122,7 +121,7 @@ class Worker:
 
     def kill(self) -> None:
         """SIGTERM to its process group, SIGKILL after a grace period."""
-        self.child.stop(KILL_GRACE_S)
+        self.child.stop()
 
     def tail(self) -> str:
         return " | ".join(list(self.child.tail)[-5:])

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 ID = "nccl all-reduce"
 WORKER = Path(__file__).resolve().parent.parent / "nccl_probe.py"
 RUN_TIMEOUT_S = 90.0  # one run: the interpreter and torch start, NCCL connects, 23 all-reduces of 64 MiB
-KILL_GRACE_S = 5.0
+KILL_GRACE_S = child_process.KILL_GRACE_S
 SIZE_MIB = 64
 ITERATIONS = 20
 SLOWER = 0.9  # one path below this fraction of the other's bus bandwidth is "slower"
