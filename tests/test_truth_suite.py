@@ -18,6 +18,7 @@ import ast
 import functools
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -218,18 +219,26 @@ def test_a_fast_test_that_starts_a_process_out_of_the_tiers_sight_fails(tmp_path
         )
     )
     path = os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path, "COLUMNS": "500"}  # the summary's lines whole
+    # The summary's lines whole; on a hang, faulthandler prints where it is (SIGABRT below).
+    env = {**os.environ, "PYTHONPATH": path, "COLUMNS": "500", "PYTHONFAULTHANDLER": "1"}
     argv = [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "conftest", "-p", "no:cacheprovider"]
-    done = subprocess.run(
+    with subprocess.Popen(
         [*argv, "--rootdir", str(tmp_path), str(tmp_path / "test_hidden.py")],
         cwd=tmp_path,
         env=env,
-        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=120,
-    )
-    out = done.stdout + done.stderr
-    assert done.returncode == 1, out
+        start_new_session=True,  # out of the reach of a signal to this run's process group
+    ) as inner:
+        try:
+            out, _ = inner.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            inner.send_signal(signal.SIGABRT)
+            out, _ = inner.communicate()
+            pytest.fail(f"the inner pytest run hung; it said:\n{out}")
+    assert inner.returncode == 1, out
     said = {line.split("::", 1)[1].split(" - ")[0]: line for line in out.splitlines() if "::test_hidden[" in line}
     for name in ("system", "posix_spawnp", "spawnv", "execv"):  # a failure, at the call or at teardown
         assert "this test is in the fast tier but" in said.get(f"test_hidden[{name}]", ""), out
