@@ -209,11 +209,14 @@ def test_an_interrupted_search_keeps_what_is_done_and_a_rerun_goes_on(env_python
     slow = {**s.env, "SGLANG_STANDIN_BENCH": json.dumps({"sleep_s": 1.0})}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=slow)
     try:
-        end = time.monotonic() + 60
+        # the first variant whole and the second's start: a bound on a loaded machine
+        end = time.monotonic() + 180
         while time.monotonic() < end and proc.poll() is None:
             if (out / "max_running_requests=96" / "c4.log").exists():  # the second variant's sweep is on
                 break
             time.sleep(0.05)
+        else:
+            pytest.fail(f"the second variant's sweep did not begin (exit {proc.poll()}); {sorted(out.rglob('*'))}")
         os.kill(proc.pid, signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 130, stdout + stderr
@@ -255,15 +258,28 @@ def test_a_server_stopped_by_someone_else_during_its_sweep_is_not_done(env_pytho
     recorded as crashed, with who stopped it, not as done."""
     import psutil
 
-    s = Served(tmp_path / "own", env_python, FAULTS, [], [], {})
+    # The second variant's server notes each request it gets (fault requests_log, by its flags
+    # alone): its GET /v1/models are bench's reachability check, then the client stand-in's
+    # ready check, after which the client is in its sleep_s.
+    requests = tmp_path / "requests.jsonl"
+    noted = {"args": "--max-running-requests 96", "faults": {"requests_log": str(requests)}}
+    s = Served(tmp_path / "own", env_python, {**FAULTS, "by_args": [*FAULTS["by_args"], noted]}, [], [], {})
     out = tmp_path / "search"
     argv = search_argv(s, out, "--vary", "engine.max_running_requests=96", "--no-smoke")  # levels 4 and 8
-    slow = {**s.env, "SGLANG_STANDIN_BENCH": json.dumps({"sleep_s": 1.0})}
+    # each level's client sleeps 3 s once it found the server ready: the SIGTERM below lands meanwhile
+    slow = {**s.env, "SGLANG_STANDIN_BENCH": json.dumps({"sleep_s": 3.0})}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=slow)
+
+    def ready_checks() -> int:
+        lines = requests.read_text().splitlines() if requests.exists() else []
+        return sum(1 for line in lines if json.loads(line)["path"] == "/v1/models")
+
     try:
-        end = time.monotonic() + 60
-        while time.monotonic() < end and not (out / "max_running_requests=96" / "c4.log").exists():
+        # the first variant whole and the second's start: a bound on a loaded machine
+        end = time.monotonic() + 180
+        while time.monotonic() < end and proc.poll() is None and ready_checks() < 2:
             time.sleep(0.05)
+        assert ready_checks() >= 2, f"no ready check by the client (exit {proc.poll()}); {sorted(out.rglob('*'))}"
         bench = psutil.Process(proc.pid)
 
         def cmdlines() -> list[tuple[psutil.Process, list[str]]]:
@@ -273,9 +289,8 @@ def test_a_server_stopped_by_someone_else_during_its_sweep_is_not_done(env_pytho
                     found.append((c, c.cmdline()))
             return found
 
-        while time.monotonic() < end and not any("bench_serving" in " ".join(c) for _, c in cmdlines()):
-            time.sleep(0.05)
-        time.sleep(0.3)  # the client stand-in found the server ready and is in its sleep_s
+        # the client stand-in found the server ready and is in its sleep_s
+        assert any("bench_serving" in " ".join(c) for _, c in cmdlines()), cmdlines()
         [child] = [p for p, c in cmdlines() if c == bench.cmdline()]  # the forked serve child
         child.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=90)
@@ -409,7 +424,7 @@ def test_dry_run_lists_the_variants_and_the_time_and_starts_nothing(env_python, 
     assert "skipped: future: needs sglang>=9; installed: 0.5.23 (needs a release from the future)" in done.stdout
     # no start measured: each start counts at its whole budget, so the time is a bound, said so
     assert "estimated time: 7 variant(s) to run, up to ~" in done.stdout and "in all at most" in done.stdout
-    assert "start up to 30 s (health.startup_timeout_s)" in done.stdout and "2 level(s) x 2 run(s)" in done.stdout
+    assert "start up to 120 s (health.startup_timeout_s)" in done.stdout and "2 level(s) x 2 run(s)" in done.stdout
     assert "nothing was started" in done.stdout
     assert not out.exists() and not s.dir.exists() and not s.ours()
     doc = json.loads(run([*argv, "--json"], s.env).stdout)

@@ -28,7 +28,7 @@ from sm120kit.serve.probe import ProbeResult
 from sm120kit.serve.status import EventKind, RunStatus
 
 FAST = {"load_s": 0.1, "warmup_s": 0.05}
-SLOW_BOOT_S = 30
+SLOW_BOOT_S = 120  # a bound on a loaded machine: the wait returns once ready
 
 # -- the tasks ---------------------------------------------------------------------------
 
@@ -562,7 +562,7 @@ def test_a_server_that_hangs_mid_run_ends_the_smoke_within_its_budget(answers):
     finally:
         server.close()
     took = time.monotonic() - began
-    assert took < 4.0 + 1.0, took  # not 32 timeouts, nor the burst and the logprobs past the budget
+    assert took < 4.0 + 3.0, took  # not 32 timeouts, nor the burst and the logprobs past the budget
     assert not report.passed and report.stalled and "timed out" in report.stalled
     assert report.as_json()["stalled"] == report.stalled
 

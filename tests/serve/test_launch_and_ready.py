@@ -17,7 +17,9 @@ def test_ready_only_when_it_generates_with_progress_then_a_clean_stop(serve):
     ready = s.wait("ready")
     phases = [e["phase"] for e in s.events("progress")]
     assert phases[0] == "loading weights" and "loading weights 100% (4/4 shards)" in phases
-    assert phases[-1] == "warmup done"
+    # sglang (0.5.9-0.5.23, _wait_and_warmup) is Up before it logs its ready line: a probe may
+    # answer 200 before that line is read, and no progress is recorded once ready
+    assert "HTTP server up, warming up" in phases and phases[-1] in ("HTTP server up, warming up", "warmup done")
     assert ready["after_s"] >= 2.0  # 1 s of loading and 1 s of 503 while warming up
     assert s.ours()  # the launcher, two schedulers and a detokenizer
     assert s.signal(signal.SIGINT) == 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -643,6 +644,9 @@ def test_the_preflight_tests_give_the_same_results_with_a_foreign_sglang_process
             "-q",
             "-p",
             "no:cacheprovider",
+            # in this process, not pyproject's four more workers on a machine this run already loads
+            "-n",
+            "0",
             "--basetemp",
             str(tmp_path / "t"),
             "-m",
@@ -650,11 +654,28 @@ def test_the_preflight_tests_give_the_same_results_with_a_foreign_sglang_process
             "tests/serve",
         ]
         # os.environ, not this process's C environment: a library loaded here may have set COLUMNS=80
-        # there, and the output would be fitted to it
-        env = dict(os.environ)
-        done = subprocess.run(argv, check=False, cwd=ROOT, capture_output=True, text=True, timeout=400, env=env)
-        summary = done.stdout.strip().splitlines()[-1]
-        assert done.returncode == 0 and " passed" in summary and "failed" not in summary, done.stdout[-4000:]
+        # there, and the output would be fitted to it. On a hang, faulthandler prints where it is
+        # (SIGABRT below).
+        env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+        with subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # out of the reach of a signal to this run's process group
+        ) as inner:
+            try:
+                out, _ = inner.communicate(timeout=400)
+            except subprocess.TimeoutExpired:
+                inner.send_signal(signal.SIGABRT)
+                out, _ = inner.communicate()
+                pytest.fail(f"the inner pytest run hung; it said:\n{out[-8000:]}")
+        summary = [line for line in out.splitlines() if re.search(r" in [0-9.]+s", line)][-1:]
+        assert inner.returncode == 0 and summary, out[-4000:]
+        assert " passed" in summary[0] and "failed" not in summary[0] and "error" not in summary[0], out[-4000:]
         assert psutil.Process(pid).cmdline()[:1] == ["sglang::scheduler_TP0"]  # --kill-stale left it alone
     finally:
         os.kill(pid, signal.SIGKILL)

@@ -77,7 +77,7 @@ def test_a_crash_then_a_good_start(serve, tmp_path):
 def test_death_after_ready_restarts(serve, tmp_path):
     s = serve(
         {
-            "die_after_ready_s": 1.5,
+            "die_after_ready_s": 5,  # ample for the supervisor to see it ready first on a loaded machine
             "die_text": DEATHS["illegal-instruction"],
             "fail_starts": 1,
             "counter": str(tmp_path / "starts"),
@@ -92,8 +92,11 @@ def test_death_after_ready_restarts(serve, tmp_path):
 def test_a_hung_server_is_killed_and_restarted(serve, tmp_path):
     # /health_generate stops answering; sglang's own check gives up after
     # SGLANG_HEALTH_CHECK_TIMEOUT and answers 503 (a process check would say "alive")
+    # it hangs 3 s after ready (the supervisor must see it ready first); the probe waits 5 s, so
+    # sglang's 503 after its 1 s comes in time on a loaded machine
     s = serve(
-        {"hang_after_ready_s": 0.3, "fail_starts": 1, "counter": str(tmp_path / "starts")},
+        {"hang_after_ready_s": 3.0, "fail_starts": 1, "counter": str(tmp_path / "starts")},
+        sets=["health.probe_timeout_s=5"],
         env={"SGLANG_HEALTH_CHECK_TIMEOUT": "1"},
     ).start()
     hung = s.wait("hung")
@@ -107,7 +110,7 @@ def test_a_hung_server_is_killed_and_restarted(serve, tmp_path):
 
 def test_a_probe_that_times_out_counts_as_a_failure(serve):
     s = serve(
-        {"hang_after_ready_s": 1.0},
+        {"hang_after_ready_s": 3.0},  # the supervisor sees it ready first
         sets=["health.probe_timeout_s=0.3", "health.max_restarts=0"],
         env={"SGLANG_HEALTH_CHECK_TIMEOUT": "30"},
     ).start()
@@ -117,9 +120,11 @@ def test_a_probe_that_times_out_counts_as_a_failure(serve):
 
 
 def test_startup_budget(serve):
-    code, out = serve({"load_s": 30}, sets=["health.startup_timeout_s=3", "health.max_restarts=0"]).run()
+    # 10 s: ample for the stand-in to be loading on a loaded machine; 120 s of loading, 30 s a shard:
+    # still at its first when the budget is spent
+    code, out = serve({"load_s": 120}, sets=["health.startup_timeout_s=10", "health.max_restarts=0"]).run()
     assert code == 1, out
-    assert "the server did not start: not generating after 3s (last: loading weights 0% (0/4 shards))" in out
+    assert "the server did not start: not generating after 10s (last: loading weights 0% (0/4 shards))" in out
 
 
 def test_a_real_start_that_dies_of_a_missing_module_is_not_restarted(tmp_path):

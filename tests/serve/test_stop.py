@@ -13,7 +13,8 @@ from sm120kit.serve import procs
 
 
 def test_stop_lets_sglang_drain_before_the_group_is_signalled(serve):
-    s = serve({"drain_s": 3.0}).start()
+    # a drain of 6 s, well within the stop's 20: the look 1 s in falls inside it on a loaded machine
+    s = serve({"drain_s": 6.0}, sets=["health.stop_timeout_s=20"]).start()
     s.wait("ready")
     schedulers = [p for p in s.ours() if p.cmdline()[0].startswith("sglang::scheduler")]
     s.proc.send_signal(signal.SIGTERM)
@@ -22,7 +23,7 @@ def test_stop_lets_sglang_drain_before_the_group_is_signalled(serve):
     assert all(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in schedulers)  # draining: not signalled
     assert s.proc.wait(30) == 0
     stopped = s.wait("stopped")
-    assert stopped["clean"] and stopped["sigkilled"] == [] and stopped["seconds"] >= 3.0
+    assert stopped["clean"] and stopped["sigkilled"] == [] and stopped["seconds"] >= 6.0
     assert "Draining requests" in (s.dir / "server.log").read_text() and not s.ours()
 
 
@@ -32,8 +33,8 @@ def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(serve):
     began = time.monotonic()
     assert s.signal(signal.SIGTERM) == 0
     stopped = s.wait("stopped")
-    assert stopped["clean"] and len(stopped["sigkilled"]) == 4 and 1.0 <= stopped["seconds"] < 5
-    assert time.monotonic() - began < 10 and not s.ours()
+    assert stopped["clean"] and len(stopped["sigkilled"]) == 4 and 1.0 <= stopped["seconds"] < 8
+    assert time.monotonic() - began < 20 and not s.ours()
 
 
 def test_a_second_ctrl_c_kills_at_once(serve):

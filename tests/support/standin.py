@@ -161,7 +161,7 @@ class Served:
         found = [json.loads(line) for line in lines]
         return [e for e in found if kind is None or e["event"] == kind]
 
-    def wait(self, kind: str, count: int = 1, timeout: float = 30) -> dict:
+    def wait(self, kind: str, count: int = 1, timeout: float = 120) -> dict:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             found = self.events(kind)
