@@ -362,6 +362,21 @@ def test_the_model_on_disk_or_the_space_for_it(cli, tmp_path):
     assert code == 0 and checks(out)["disk"]["status"] == "info"
 
 
+@pytest.mark.parametrize(
+    "variable, hub",
+    [("HUGGINGFACE_HUB_CACHE", "old-spelling"), ("XDG_CACHE_HOME", "xdg/huggingface/hub")],
+)
+def test_the_model_is_looked_for_where_huggingface_hub_keeps_it(cli, tmp_path, monkeypatch, variable, hub):
+    """The hub cache as huggingface_hub resolves it: its older variable, and XDG_CACHE_HOME
+    when no HF_HOME is set (a model there is present, not "not downloaded yet")."""
+    monkeypatch.delenv("HF_HOME")
+    monkeypatch.setenv(variable, str(tmp_path / hub.split("/")[0]))
+    (tmp_path / hub / "models--lukealonso--GLM-5-NVFP4" / "snapshots").mkdir(parents=True)
+    _, out = run(cli, tmp_path, SM120, node(tmp_path / "root"), "--profile", "glm5-nvfp4")
+    d = checks(out)["disk"]
+    assert d["status"] == "ok" and f"present at {tmp_path / hub / 'models--lukealonso--GLM-5-NVFP4'}" in d["detail"], d
+
+
 def test_a_kernel_that_defaults_to_passthrough_needs_no_flag(cli, tmp_path):
     tree = node(tmp_path / "root", cmdline="BOOT_IMAGE=/vmlinuz-6.8.0-49-generic ro", iommu_type="identity")
     _, out = run(cli, tmp_path, SM120, tree)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from support.serve import MY_FAILURE
 from support.standin import PROFILES, REPLICAS, Fleet, make_env_python
 
 from sm120kit.serve import procs
@@ -340,6 +341,25 @@ def test_the_fleet_gives_up_when_every_replica_does_and_leaves_nothing(fleet):
     assert code == 1, output
     assert f.events("gave_up") and f.events("stopped")[-1]["clean"]
     assert not f.events("member_started") or all(e["member"] != "router" for e in f.events("member_started"))
+    assert not f.ours()
+
+
+def test_a_replicas_death_is_diagnosed_with_the_known_failures_of_the_patch_dirs(fleet, tmp_path):
+    """serve --patch-dir DIR of a fleet: each replica's supervisor knows DIR's failures too."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "known-failures.toml").write_text(MY_FAILURE)
+    f = fleet(
+        {"die_loading": "RuntimeError: boom at line 12"}, sets=["health.max_restarts=0"], extra=["--patch-dir", mine]
+    )
+    code, output = f.run(timeout=120)
+    assert code == 1, output
+    deaths = [
+        json.loads(line)
+        for line in (f.dir / "replica-0" / "events.jsonl").read_text().splitlines()
+        if '"gave_up"' in line
+    ]
+    assert deaths and "boom-sm120" in deaths[0]["deaths"][0], deaths
     assert not f.ours()
 
 

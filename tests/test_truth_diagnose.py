@@ -9,6 +9,7 @@ import json
 import re
 
 from support.clock import FakeClock
+from support.serve import MY_FAILURE
 from support.sites import WINDOW, install
 
 from sm120kit.catalogue.survey import load_survey
@@ -151,3 +152,36 @@ def test_a_port_taken_is_diagnosed_as_uvicorn_reports_it():
     line = "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 30000): address already in use"
     assert [d.id for d in diagnose(line + "\n")] == ["address-in-use"]
     assert [d.id for d in diagnose("OSError: [Errno 98] Address already in use\n")] == ["address-in-use"]
+
+
+def test_diagnose_reads_the_known_failures_of_each_patch_dir(cli, tmp_path):
+    """A user's own known failure is diagnosed as serve and profile check know it (--patch-dir,
+    before the shipped survey); a --patch-dir that is not there is refused, naming it."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "known-failures.toml").write_text(MY_FAILURE)
+    log = tmp_path / "server.log"
+    log.write_text("[TP0] Load weight begin\nRuntimeError: boom at line 12\n")
+    code, doc = cli.json("diagnose", log)
+    assert (code, doc["diagnoses"]) == (0, [])
+    code, doc = cli.json("diagnose", log, "--patch-dir", mine)
+    assert code == 1 and [d["id"] for d in doc["diagnoses"]] == ["boom-sm120"]
+    assert doc["diagnoses"][0]["line"] == "RuntimeError: boom at line 12"
+    code, out, err = cli("diagnose", log, "--patch-dir", tmp_path / "nowhere")
+    assert (code, out) == (2, "") and "Traceback" not in err and str(tmp_path / "nowhere") in err
+
+
+def test_a_servers_death_is_diagnosed_with_the_known_failures_of_its_patch_dirs(tmp_path):
+    """serve --patch-dir: the supervisor's report of a death knows the user's failures too."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "known-failures.toml").write_text(MY_FAILURE)
+    spec = ServerSpec("fake", ["sglang"], ["sglang"], {}, "127.0.0.1", 30000, [], check_gpus=False)
+    policy = Policy(60, 1.0, 2.0, 2, 0, 0.2, 0.5, 10, 600)
+    for dirs, shown in (((), "no known SM120 failure signature"), ((str(mine),), "diagnosis: a failure of my own")):
+        machine = Machine(spec, policy, FakeClock(), "server.log", "events.jsonl", dirs)
+        machine.tick()
+        machine.started(1000, "fake:1")
+        machine.exited("exit code 1", 1)
+        said = "\n".join(a.text for a in machine.after_end("RuntimeError: boom at line 12\n") if isinstance(a, Say))
+        assert shown in said, said

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from sm120kit.cli.args import check_range, command_parser, common_args
+from sm120kit.cli.args import check_range, command_parser, common_args, patch_dir_arg
 from sm120kit.exit_codes import ExitCode
 
 
@@ -25,6 +25,7 @@ def register(sub) -> None:
     )
     p.add_argument("log", help="the sglang server log to read ('-' for standard input)")
     p.add_argument("--tail", type=int, default=400, metavar="N", help="look at the last N lines (default 400)")
+    patch_dir_arg(p, "the known failures of their known-failures.toml, matched before the shipped survey's")
     common_args(p, wide=True, prints="the text")
 
 
@@ -44,7 +45,7 @@ def cmd_diagnose(args) -> int:
         raise UserError(
             f"cannot read the log {args.log}: {exc.strerror}", "pass the server's log file, or - for standard input"
         ) from None
-    found = diagnose(text, args.tail)
+    found = diagnose(text, args.tail, tuple(args.patch_dir or ()))
     code = ExitCode.FINDINGS if found else ExitCode.OK
     if args.json:
         report.emit_json({"log": args.log, "diagnoses": [d.as_json() for d in found], "exit_code": code})

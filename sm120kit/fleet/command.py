@@ -5,6 +5,7 @@ router's port), then the fleet in the foreground until a stop signal or giving u
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -166,6 +167,7 @@ def _replica_member(fleet: FleetLaunch, r: ReplicaPlan, record: RunRecord, optio
         url=r.url,
         probe_path="/health_generate",
         smoke=_smoke(profile),
+        patch_dirs=[os.path.abspath(d) for d in options.patch_dirs],  # their known failures name a death
     )
     return Member(r.name, "replica", directory, r.url, ports)
 
@@ -213,5 +215,6 @@ def _router_member(fleet: FleetLaunch, router_argv: list[str], record: RunRecord
         url=layout.router_url,
         probe_path=LIVENESS_PATH,
         smoke=None,
+        patch_dirs=[],
     )
     return Member(ROUTER, "router", directory, layout.router_url, ports)

@@ -102,7 +102,10 @@ def main(directory: str) -> int:
 
             smoke = SmokeOptions(**{**spec["smoke"], "model": tuple(spec["smoke"]["model"]), "api_key": key})
         with keep_secret(key, f"${spec['api_key_env']}"):
-            return Supervisor(server, Policy(**spec["policy"]), record, echo=False, smoke=smoke).run()
+            policy = Policy(**spec["policy"])
+            return Supervisor(
+                server, policy, record, echo=False, smoke=smoke, patch_dirs=tuple(spec["patch_dirs"])
+            ).run()
     finally:
         key_file.unlink(missing_ok=True)
 

@@ -136,7 +136,9 @@ def serve(profile: Profile, launch: Launch, target: Target, options: ServeOption
             metrics_served(options, profile, lambda: [Member(profile.name, "server", record.dir)]),
         ):
             policy = Policy.from_health(profile.health)
-            return Supervisor(server, policy, record, echo=options.echo, smoke=smoke).run()
+            return Supervisor(
+                server, policy, record, echo=options.echo, smoke=smoke, patch_dirs=options.patch_dirs
+            ).run()
     finally:
         key_file.unlink(missing_ok=True)
         lock.release()

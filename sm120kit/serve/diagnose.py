@@ -51,9 +51,10 @@ class Diagnosis:
 
 
 @cache
-def signatures(path: Path = SIGNATURES) -> tuple[Signature, ...]:
+def signatures(path: Path = SIGNATURES, patch_dirs: tuple[str, ...] = ()) -> tuple[Signature, ...]:
     """The generic signatures (signatures.toml: a port taken, out of memory, NCCL), then the
-    symptom of every failure of the known-failures survey that one of them does not name."""
+    symptom of every failure of the known-failures survey (the user's of `patch_dirs` and
+    $SM120KIT_PATCH_PATH, then the shipped one) that one of them does not name."""
     doc = tomllib.loads(path.read_text())
     found = [
         Signature(
@@ -67,10 +68,10 @@ def signatures(path: Path = SIGNATURES) -> tuple[Signature, ...]:
         )
         for s in doc["signature"]
     ]
-    return (*found, *_survey_signatures({s.id for s in found}))
+    return (*found, *_survey_signatures({s.id for s in found}, patch_dirs))
 
 
-def _survey_signatures(taken: set[str]) -> list[Signature]:
+def _survey_signatures(taken: set[str], patch_dirs: tuple[str, ...]) -> list[Signature]:
     from sm120kit.catalogue.survey import load_survey
 
     return [
@@ -85,7 +86,7 @@ def _survey_signatures(taken: set[str]) -> list[Signature]:
             {},
             f.shown_symptom or "",
         )
-        for f in load_survey(validate_patches=False).failures
+        for f in load_survey(list(patch_dirs) or None, validate_patches=False).failures
         if f.pattern is not None and f.id not in taken
     ]
 
@@ -123,13 +124,14 @@ def _tail_of_stream(stream: BinaryIO, max_bytes: int) -> bytes:
     return b"".join(window)[-max_bytes:]
 
 
-def diagnose(log: str, tail_lines: int = 400) -> list[Diagnosis]:
+def diagnose(log: str, tail_lines: int = 400, patch_dirs: tuple[str, ...] = ()) -> list[Diagnosis]:
     """Each known signature found in the last `tail_lines` lines, once, first match first;
-    a line is one signature's (the first that matches it)."""
+    a line is one signature's (the first that matches it). patch_dirs: --patch-dir, whose
+    known-failures.toml are read before the shipped survey."""
     found: dict[str, Diagnosis] = {}
     for raw in log.splitlines()[-tail_lines:]:
         line = without_escapes(raw)
-        for sig in signatures():
+        for sig in signatures(SIGNATURES, patch_dirs):
             if not (match := sig.pattern.search(line)):
                 continue
             if sig.id in found:

@@ -209,9 +209,12 @@ class Attempt:
 
 
 class Machine:
-    def __init__(self, spec: ServerSpec, policy: Policy, clock: Clock, log: str, events: str) -> None:
+    def __init__(
+        self, spec: ServerSpec, policy: Policy, clock: Clock, log: str, events: str, patch_dirs: tuple[str, ...] = ()
+    ) -> None:
         self.spec, self.policy, self.clock = spec, policy, clock
         self.log, self.events = log, events  # the record's paths, for what is said
+        self.patch_dirs = patch_dirs  # --patch-dir: their known failures diagnose a death too
         self._status = RunStatus.LAUNCHING  # as state.json says; moved by _enter() alone
         self.attempt: Attempt | None = None  # the current start
         self.attempts = 0  # starts so far
@@ -437,7 +440,7 @@ class Machine:
         run, now = self.attempt, self.clock.monotonic()
         assert run is not None and run.end is not None, "after_end follows the Kill of an ended start"
         end = run.end
-        found = diagnose(log_tail)
+        found = diagnose(log_tail, patch_dirs=self.patch_dirs)
         lines = [line for line in map(without_escapes, log_tail.replace("\r", "\n").splitlines()) if line.strip()]
         last = [printable(line) for line in lines[-LOG_TAIL_LINES:]]  # quoted onto a terminal
         when = (

@@ -137,6 +137,7 @@ class Supervisor:
         prober: Prober | None = None,  # None: HTTP probes of the server, each in a thread
         smoker: Smoker | None = None,  # health.smoke: runs the smoke (None: ThreadSmoker of `smoke`)
         smoke: SmokeOptions | None = None,  # for health.smoke
+        patch_dirs: tuple[str, ...] = (),  # --patch-dir: their known failures diagnose a death too
     ) -> None:
         self.server, self.policy, self.record = server, policy, record
         self.out = out or sys.stdout
@@ -147,7 +148,7 @@ class Supervisor:
             server.host, server.port, policy.probe_timeout_s, server.api_key, self.host.wake, server.probe_path
         )
         self.smoker = smoker or (ThreadSmoker(smoke, self.host.wake) if smoke is not None else None)
-        self.machine = Machine(server, policy, clock, str(record.log), str(record.events))
+        self.machine = Machine(server, policy, clock, str(record.log), str(record.events), patch_dirs)
         self.stop_signals: list[int] = []
         self._line_open = False  # the echoed log ended mid-line
         self._child: Child | None = None  # the server of the current start

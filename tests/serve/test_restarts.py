@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 
-from support.serve import DEATHS, VERSION, make_venv, ps, said
+from support.serve import DEATHS, MY_FAILURE, VERSION, make_venv, ps, said
 from support.sites import install
 from support.standin import Served, make_env_python
 
@@ -72,6 +72,20 @@ def test_a_crash_then_a_good_start(serve, tmp_path):
         and f"127.0.0.1:{s.port}" in text
     )
     assert s.signal(signal.SIGTERM) == 0
+
+
+def test_a_death_is_diagnosed_with_the_known_failures_of_its_patch_dirs(serve, tmp_path):
+    """serve --patch-dir DIR: DIR's known-failures.toml names a death, as `diagnose --patch-dir`
+    and `profile check` read it."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "known-failures.toml").write_text(MY_FAILURE)
+    s = serve(
+        {"die_loading": "RuntimeError: boom at line 12"}, sets=["health.max_restarts=0"], extra=["--patch-dir", mine]
+    )
+    code, out = s.run()
+    assert code == 1 and "diagnosis: a failure of my own" in out, out
+    assert "boom-sm120" in s.events("gave_up")[0]["deaths"][0]
 
 
 def test_death_after_ready_restarts(serve, tmp_path):

@@ -45,6 +45,23 @@ TRACEBACK = (
 )
 
 
+# A known failure of a user's own (--patch-dir DIR: DIR/known-failures.toml), and its symptom.
+MY_FAILURE = """
+[[failure]]
+id = "boom-sm120"
+title = "a failure of my own"
+package = "sglang"
+affected = ">=0.5.20"
+checked = "0.5.23"
+upstream = ["https://github.com/sgl-project/sglang/issues/1"]
+symptom = 'boom at line \\d+'
+example = "RuntimeError: boom at line 12"
+evidence = "nowhere"
+answer = "compiled"
+advice = "avoid it"
+"""
+
+
 def ps(s: Served) -> tuple[int, dict, str]:
     out = subprocess.run([sys.executable, "-m", "sm120kit", "ps", "--json"], capture_output=True, text=True, env=s.env)
     return out.returncode, json.loads(out.stdout), out.stderr

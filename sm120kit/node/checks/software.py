@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sm120kit.model_config import hub_cache
 from sm120kit.node.check import Check, Status
 from sm120kit.node.nvml_schema import visible
 
@@ -116,8 +117,7 @@ def disk(inputs: CheckInputs) -> Check:
     path = profile.model.path
     local = Path(path).expanduser()
     if not local.is_absolute() and not local.exists():
-        hub = Path(env.get("HF_HUB_CACHE") or Path(env.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "hub")
-        local = hub / ("models--" + path.replace("/", "--"))
+        local = hub_cache(env) / ("models--" + path.replace("/", "--"))
     where = local if local.exists() else next((p for p in local.parents if p.exists()), Path("/"))
     stat = os.statvfs(where)
     free_gb = stat.f_bavail * stat.f_frsize / 1000**3
