@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from sm120kit import shallow_json
+from sm120kit.textcheck import printable
 
 KILL_GRACE_S = 5.0  # after a kill: for the group to go and the pipes to close
 MAX_LINE = 16 << 20  # characters: a longer line is not read as JSON (no answer we read is near it)
@@ -139,8 +140,9 @@ class ChildRun:
         return lines[-1] if lines else ""
 
     def stderr_tail(self, lines: int = 1) -> list[str]:
-        """The last `lines` lines of its stderr that say something."""
-        return [line.rstrip() for line in self.stderr.splitlines() if line.strip()][-lines:]
+        """The last `lines` lines of its stderr that say something, as a terminal may show
+        them (they are quoted to a person: no escape sequence of the child's reaches one)."""
+        return [printable(line.rstrip()) for line in self.stderr.splitlines() if line.strip()][-lines:]
 
 
 def run(
@@ -207,7 +209,7 @@ class LineChild:
     """A long-lived child in a session of its own that takes JSON lines on its stdin and answers
     in JSON lines on its stdout, read by a thread as they come: each object goes to on_object,
     the end of its output to on_end. Its stderr, and a stdout line that is not JSON, are kept
-    in `tail`."""
+    in `tail`, as a terminal may show them."""
 
     def __init__(
         self,
@@ -248,7 +250,7 @@ class LineChild:
                 try:
                     doc = loads_line(line)
                 except ValueError:
-                    self.tail.append(line.rstrip()[:TAIL_WIDTH])
+                    self.tail.append(printable(line.rstrip())[:TAIL_WIDTH])
                     continue
                 if isinstance(doc, dict):
                     on_object(doc)
@@ -257,7 +259,7 @@ class LineChild:
 
     def _read_stderr(self) -> None:
         for line in _lines(self.stderr):
-            self.tail.append(line.rstrip()[:TAIL_WIDTH])
+            self.tail.append(printable(line.rstrip())[:TAIL_WIDTH])
 
     def send(self, message: object) -> bool:
         """One JSON line on its stdin; False where it is gone (its end of output says so)."""

@@ -179,6 +179,13 @@ def test_failed_requests_and_a_crashed_level_are_reported_and_the_sweep_goes_on(
     assert [lv["failed"] for lv in run["levels"]] == [0, 192, 768]
 
 
+def test_what_a_crashed_client_said_is_quoted_without_its_escape_sequences(server, tmp_path):
+    plan = {"total": {"64": 757}, "crash": [64], "crash_says": "\x1b]0;pwned\x07\x1b[31mBoom\x1b[0m\x07"}
+    done = bench(server, tmp_path / "r", plan, "--concurrency", "64")
+    assert "FAILED: the client wrote no result (exit code 1): Boom\\x07; see c64.log" in done.stdout, done.stdout
+    assert "\x1b" not in done.stdout + done.stderr
+
+
 def test_no_server_is_a_clear_error_before_any_level(server, tmp_path):
     argv = bench_argv(server, tmp_path / "r", port=1)
     done = subprocess.run(argv, capture_output=True, text=True, env=server.env)

@@ -13,6 +13,7 @@ import os
 import queue
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -85,6 +86,15 @@ def test_its_exit_status_and_the_tail_of_its_stderr_are_kept():
     assert (done.returncode, done.hung) == (7, False)
     assert done.stderr_tail() == ["last words"] and done.stderr_tail(5) == ["first", "last words"]
     assert list(done.objects()) == [] and done.last_line() == ""
+
+
+# What a crafted or coloured line holds: a window title, colours, a bell.
+HOSTILE = "\\x1b]0;pwned\\x07\\x1b[31mboom\\x1b[0m\\x07"
+
+
+def test_the_tail_of_its_stderr_is_quoted_as_a_terminal_may_show_it():
+    done = child_process.run(python(f"import sys; sys.stderr.write('{HOSTILE}\\n')"))
+    assert done.stderr_tail() == ["boom\\x07"]
 
 
 ECHO = r"""
@@ -221,6 +231,28 @@ def test_a_long_lived_child_answers_as_it_goes_and_is_stopped_with_its_group():
     assert events.get(timeout=10) is None  # the end of its output
     assert child.proc.returncode == -signal.SIGKILL and gone(ready["pid"])
     assert child.send({"n": 1}) is False  # gone: said, not raised
+
+
+def test_a_long_lived_childs_tail_is_kept_as_a_terminal_may_show_it():
+    ended = threading.Event()
+    code = f"import sys; sys.stdout.write('{HOSTILE}\\n'); sys.stderr.write('{HOSTILE}\\n')"
+    child = child_process.LineChild(python(code), on_object=lambda doc: None, on_end=ended.set)
+    try:
+        assert ended.wait(60)
+        deadline = time.monotonic() + 30
+        while len(child.tail) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(child.tail) == ["boom\\x07", "boom\\x07"]
+    finally:
+        child.stop(grace_s=1.0)
+
+
+def test_a_compile_workers_log_is_quoted_as_a_terminal_may_show_it(tmp_path):
+    from sm120kit.tune.fit_workers import log_tail
+
+    log = tmp_path / "worker-0.log"
+    log.write_text("ptxas fatal\n\x1b]0;pwned\x07\x1b[31mout of resources\x1b[0m\n")
+    assert log_tail(log) == "ptxas fatal\nout of resources"
 
 
 def test_a_long_lived_child_that_closes_its_input_ends_its_output():

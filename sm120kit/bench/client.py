@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from sm120kit.bench.analysis import DETAILS, Level, median_figures, merge_outputs, sample_outputs
 from sm120kit.errors import UserError
+from sm120kit.textcheck import printable
 from sm120kit.urls import parse_http_url
 
 if TYPE_CHECKING:
@@ -158,7 +159,8 @@ def run_level(sweep: Sweep, concurrency: int, directory: Path, tag: str = "") ->
             break
         figures = None
     if figures is None:
-        tail = [t for t in log.read_text(errors="replace").splitlines() if t.strip()][-1:] if log.exists() else []
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        tail = [printable(t) for t in lines if t.strip()][-1:]  # quoted to a person: no escape sequence
         return Level(
             concurrency,
             prompts,

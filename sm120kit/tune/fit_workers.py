@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 from typing import IO
 
+from sm120kit.textcheck import printable
 from sm120kit.tune import kernels
 from sm120kit.tune.fit_sweep import Sweep
 from sm120kit.tune.shape import MoeShape
@@ -105,8 +106,9 @@ def compile_all(sweep: Sweep, source, shape, arch, tokens, gemms, jobs, scratch,
 
 
 def log_tail(log: Path, lines: int = 20) -> str:
+    """A worker log's last lines, as a terminal may show them (they are quoted to a person)."""
     try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(printable(line) for line in log.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
 
