@@ -26,7 +26,7 @@ from sm120kit.fleet.machine import (
     Spawn,
     StopMembers,
 )
-from sm120kit.serve.machine import Event, Exit, Say, Update
+from sm120kit.serve.machine import Event, Exit, IllegalTransition, Say, Update
 from sm120kit.serve.status import EventKind, RunStatus
 
 ROUTER_URL = "http://127.0.0.1:30000"
@@ -353,3 +353,22 @@ def test_a_fleet_without_a_router_is_ready_when_a_replica_generates_and_a_clean_
         f.apply(f.machine.exited(replica, ExitCode.OK, "exit code 0"))
     f.apply(f.machine.stopped([]))
     assert f.exit is ExitCode.OK
+
+
+def test_a_move_off_the_diagram_is_a_bug_and_moves_nothing():
+    """Before, the fleet machine took whatever it was told: a stop signal after the stop went
+    from stopped to stopping, and the record said so. Now a move off TRANSITIONS raises (the
+    fleet supervisor records it and stops its members) and the status stays where it was."""
+    f = Fleet()
+    with pytest.raises(IllegalTransition, match="from None to stopping"):
+        f.machine.signalled("SIGTERM")  # before the launch
+    f.started()
+    f.apply(f.machine.signalled("SIGTERM"))
+    f.apply(f.machine.stopped([]))
+    assert f.machine.status is RunStatus.STOPPED
+    for late in (lambda: f.machine.signalled("SIGINT"), lambda: f.machine.stopped([])):
+        with pytest.raises(IllegalTransition, match="from stopped to "):
+            late()
+        assert f.machine.status is RunStatus.STOPPED
+    with pytest.raises(AttributeError):
+        f.machine.status = RunStatus.READY  # moved by the machine alone

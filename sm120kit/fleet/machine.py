@@ -14,6 +14,9 @@ world: tests drive it with a fake clock and assert the actions (as with sm120kit
     every replica's supervisor ended, or the router's --> gave-up (stop, exit 1; 2 where
                                                           each ended for a missing module)
     any --signalled--> stopping --stopped--> stopped (exit 0, or 4 where something was left)
+
+TRANSITIONS is that diagram as data: the status moves only along it, and a move off it
+raises IllegalTransition (a bug of the machine or of what drives it), as serve's does.
 """
 
 from __future__ import annotations
@@ -24,11 +27,20 @@ from urllib.parse import urlsplit
 
 from sm120kit.exit_codes import ExitCode
 from sm120kit.serve.clock import Clock
-from sm120kit.serve.machine import Event, Exit, Say, Update, event, update
+from sm120kit.serve.machine import Event, Exit, IllegalTransition, Say, Update, event, update
 from sm120kit.serve.status import EventKind, RunStatus
 
 RECONCILE_S = 2.0  # how often the router's worker list is read back
 REGISTER_GRACE_S = 10.0  # the router registers a worker in a background job (it probes it first)
+
+TRANSITIONS: dict[RunStatus | None, frozenset[RunStatus]] = {
+    None: frozenset({RunStatus.STARTING}),  # launched
+    RunStatus.STARTING: frozenset({RunStatus.READY, RunStatus.STOPPING}),
+    RunStatus.READY: frozenset({RunStatus.STARTING, RunStatus.STOPPING}),
+    RunStatus.STOPPING: frozenset({RunStatus.STOPPED, RunStatus.GAVE_UP}),
+    RunStatus.STOPPED: frozenset(),
+    RunStatus.GAVE_UP: frozenset(),
+}
 
 
 @dataclass
@@ -110,7 +122,7 @@ class Machine:
         self, name: str, replicas: list[Member], router: Member | None, remote: list[str], clock: Clock
     ) -> None:
         self.name, self.replicas, self.router, self.remote, self.clock = name, replicas, router, remote, clock
-        self.status: RunStatus | None = None  # as the fleet's state.json says
+        self._status: RunStatus | None = None  # as the fleet's state.json says; moved by _enter() alone
         self.since: float | None = None
         self.ready_replicas: int | None = None
         self.restarts = 0
@@ -124,6 +136,16 @@ class Machine:
         self._gave_up: list[Member] | None = None  # giving up: the members that ended
 
     @property
+    def status(self) -> RunStatus | None:
+        return self._status
+
+    def _enter(self, status: RunStatus) -> None:
+        """Move to `status`, along TRANSITIONS only."""
+        if status not in TRANSITIONS[self._status]:
+            raise IllegalTransition(f"the fleet machine cannot go from {self._status} to {status}")
+        self._status, self.since = status, self.clock.time()
+
+    @property
     def members(self) -> list[Member]:
         return [*self.replicas, *([self.router] if self.router else [])]
 
@@ -133,7 +155,7 @@ class Machine:
     # -- what happens ----------------------------------------------------------------
 
     def launch(self, supervisor_pid: int, supervisor_started: float) -> list[Action]:
-        self.status, self.since = RunStatus.STARTING, self.clock.time()
+        self._enter(RunStatus.STARTING)
         router = self.router
         return [
             update(
@@ -279,8 +301,8 @@ class Machine:
         left = [m.name for m in self.members if m.alive]
         unclean = [m.name for m in self.members if m.exit_code == ExitCode.UNCLEAN]
         clean = not (ports_in_use or left or unclean)
-        self.status = RunStatus.GAVE_UP if self._gave_up is not None else RunStatus.STOPPED
-        self.since, self.ready_replicas = self.clock.time(), 0
+        self._enter(RunStatus.GAVE_UP if self._gave_up is not None else RunStatus.STOPPED)
+        self.ready_replicas = 0
         actions: list[Action] = [
             event(
                 EventKind.STOPPED,
@@ -354,8 +376,8 @@ class Machine:
         restarts = sum(m.state.get("restarts", 0) for m in self.members)
         if (self.status, self.ready_replicas) != (status, ready):
             if self.status != status:
-                self.since = self.clock.time()
-            self.status, self.ready_replicas, self.restarts = status, ready, restarts
+                self._enter(status)
+            self.ready_replicas, self.restarts = ready, restarts
             actions.append(update(status=status, since=self.since, ready_replicas=ready, restarts=restarts))
         elif self.restarts != restarts:
             self.restarts = restarts
@@ -368,7 +390,7 @@ class Machine:
 
     def _stop(self) -> list[Action]:
         self._stop_began = self.clock.monotonic()
-        self.status, self.since = RunStatus.STOPPING, self.clock.time()
+        self._enter(RunStatus.STOPPING)
         return [update(status=RunStatus.STOPPING, since=self.since), StopMembers()]
 
 
