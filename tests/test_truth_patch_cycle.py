@@ -201,6 +201,8 @@ def test_after_pip_uninstall_the_ledger_entries_are_stale_in_every_command(unins
     for command in (["status"], ["patch", "--check"]):
         code, out, _ = cli(*command, "--site", site, "--wide")
         assert code == 1 and f"{said}: stale entries, with nothing to restore; `sm120kit patch --site {site}` " in out
+        # nothing would be patched: the ledger alone (HEAD: "would change: run `sm120kit patch` to apply")
+        assert f"would change: only sm120kit's ledger: run `sm120kit patch --site {site}` to bring it up to date" in out
         code, doc = cli.json(*command, "--site", site)
         [stale] = doc["stale"]
         assert code == 1 and stale["package"] == "sglang" and len(stale["paths"]) == 6 and not stale["forgotten"]

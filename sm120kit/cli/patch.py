@@ -192,13 +192,15 @@ def cmd_status(args) -> int:
     print(report.wrap(render.summary(plan.findings), width))
     tune_render.print_tuned(tuned, width)
     report.print_warnings([audit.warning(t) for t in unfit], args.wide)
-    _say_why(args, code, width)
+    _say_why(args, plan, code, width)
     return code
 
 
-def _say_why(args, code: int, width: int | None) -> None:
+def _say_why(args, plan, code: int, width: int | None) -> None:
     """The reason for exit 1 of a read-only run (an error's reason is in the table), and
-    the `patch` that applies what was judged: the same patches (--only, --allow-missing)."""
+    the `patch` that applies what was judged: the same patches (--only, --allow-missing).
+    Where only the ledger would change (its stale or lost entries, each said above), it
+    says so rather than "to apply": nothing would be patched."""
     from sm120kit import followup, report
 
     if code == ExitCode.FINDINGS:
@@ -208,7 +210,9 @@ def _say_why(args, code: int, width: int | None) -> None:
             for v in getattr(args, option) or ()
             for w in (f"--{option.replace('_', '-')}", v)
         ]
-        print(report.wrap(f"would change: run `{followup.command('patch', *chosen)}` to apply", width))
+        run = f"run `{followup.command('patch', *chosen)}`"
+        said = f"{run} to apply" if plan.pending else f"only sm120kit's ledger: {run} to bring it up to date"
+        print(report.wrap(f"would change: {said}", width))
 
 
 def cmd_patch(args) -> int:
@@ -266,7 +270,7 @@ def cmd_patch(args) -> int:
     render.print_plan(plan, args.debug, width)
     written = not (plan.errors or plan.blockers)
     print(report.wrap(render.summary(plan.findings) + ("" if written else "; nothing was written"), width))
-    _say_why(args, code, width)
+    _say_why(args, plan, code, width)
     if args.verify:
         if problems:
             print("verify FAILED:\n  " + "\n  ".join(problems), file=sys.stderr)
