@@ -199,9 +199,23 @@ def _cell_lines(cell: str, width: int, whole: bool = False) -> list[str]:
     return [*lines, line]
 
 
-def emit_json(doc: dict) -> None:
-    json.dump(doc, sys.stdout, indent=2)
+def emit_json(doc: dict, follow_ups: bool = True) -> None:
+    """The --json document, every command it names (`sm120kit ...`, in a fix, a hint, a
+    detail) spelled for the running invocation as the human output spells it (followup).
+    follow_ups=False: the document is a file itself (a rendered unit, compose file or
+    manifest), written as it would be written to disk."""
+    json.dump(_completed(doc) if follow_ups else doc, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+def _completed(value: object) -> object:
+    if isinstance(value, str):
+        return complete(value)
+    if isinstance(value, dict):
+        return {k: _completed(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_completed(v) for v in value]
+    return value
 
 
 def print_warnings(warnings: Iterable[str], wide: bool = False) -> None:

@@ -191,6 +191,46 @@ def test_every_printed_follow_up_names_the_target_and_the_profile(cli, world, ta
         assert_spelled(text, world, target, profile, words)
 
 
+def strings(value: object) -> list[str]:
+    """Every string of a JSON document."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in strings(v)]
+    return []
+
+
+def _takes_json(template: str) -> bool:
+    """Whether the walk's command takes --json, as the verb's own parser says."""
+    import argparse
+
+    parser = build_parser()
+    for word in template.split():
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or word not in sub.choices:
+            break
+        parser = sub.choices[word]
+    return any("--json" in a.option_strings for a in parser._actions)
+
+
+@pytest.mark.parametrize(
+    "target, profile, template", [pytest.param(*x[1:], id=x[0]) for x in WALK if _takes_json(x[3])]
+)
+def test_every_follow_up_in_a_json_document_is_spelled_as_the_text_spells_it(cli, world, target, profile, template):
+    """--json: a fix, a hint, a detail names the command the human output names (HEAD: the
+    error document only; a check's fix said `sm120kit patch`, for sm120kit's own python)."""
+    words = command_line(template, world)
+    code, out, err = cli(*words, "--json")
+    # a rendered file is the document: its comments describe it, they are no next step
+    found = [] if words[0] == "render" else strings(json.loads(out))
+    printed = [f for text in found for f in IN_BACKTICKS.findall(text)] + followups("", err)
+    assert printed, f"`sm120kit {shlex.join(words)} --json` printed no follow-up (exit {code}):\n{out}\n{err}"
+    for text in printed:
+        assert_spelled(text, world, target, profile, words)
+
+
 def test_status_python_says_to_patch_that_python(cli, world):
     """The issue's own case, as a user reads it."""
     code, out, _ = cli("status", "--python", world["python"], "--wide")

@@ -162,7 +162,7 @@ def test_an_upgrade_is_noticed_and_verify_says_to_retune(site, cli):
     set_triton(site, "3.7.1")  # pip install -U triton
     code, doc = cli.json("status", "--site", site)
     [row] = doc["tuned"]
-    retune = "re-run `sm120kit tune-moe kimi-k2-fp8`"
+    retune = "re-run `sm120kit tune-moe kimi-k2-fp8 --python EXE`"  # a site has no python to time: the user names one
     said = f"tuned for sglang 0.5.10.post1 / Triton 3.6.0; installed is sglang 0.5.10.post1 / Triton 3.7.1: {retune}"
     assert row["stale"] and row["note"] == said and row["state"] == "installed"
 
@@ -174,7 +174,6 @@ def test_an_upgrade_is_noticed_and_verify_says_to_retune(site, cli):
     assert doc["tuned"][0]["note"] == said.replace("installed is sglang 0.5.10.post1", "installed is sglang 0.5.11")
     code, out, err = cli("patch", "--verify", "--site", site, "--wide")
     said = said.replace("installed is sglang 0.5.10.post1", "installed is sglang 0.5.11")
-    said = said.replace(retune, "re-run `sm120kit tune-moe kimi-k2-fp8 --python EXE`")  # a site has no python to time
     assert code == 0 and f"tuned MoE config {table.path.name}: {said}" in out, out + err
 
     code, out, err = cli("unpatch", "--site", site)

@@ -86,7 +86,7 @@ def test_status_triages_a_release_past_the_window(future, cli):
     assert found[(DSA, FORWARD_MHA)]["proven_window"] == "0.5.9–0.5.23"
     assert found[("flashinfer-sm120-arch-suffix", "flashinfer/compilation_context.py")]["detail"] == (
         "fixed upstream in 0.6.7: CompilationContext._normalize_cuda_arch maps SM 12.0 to compute_120f "
-        "with CUDA >= 12.9 (`sm120kit doctor` shows the nvcc flashinfer compiles with) "
+        f"with CUDA >= 12.9 (`sm120kit doctor --site {future}` shows the nvcc flashinfer compiles with) "
         "(read from the code of flashinfer-python 0.7.5; proven 0.6.3–0.7.4)"
     )
     assert {(r["patch"], r["path"]) for r in doc["unproven"]} == {  # run by shape: fixed-upstream is not

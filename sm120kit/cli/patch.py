@@ -185,34 +185,40 @@ def cmd_status(args) -> int:
     code = ExitCode.ERROR if tuned.problems else plan.exit_code(check=True)
     if args.json:
         unfit_json = {"tuned_unfit": [t.as_json() for t in unfit]}
-        report.emit_json(render.plan_json("status", plan, code, {**tune_render.tuned_json(tuned), **unfit_json}))
+        extra = {**tune_render.tuned_json(tuned), **unfit_json, "next": _next_step(args, plan, code)}
+        report.emit_json(render.plan_json("status", plan, code, extra))
         return code
     width = report.output_width(args.wide)
     render.print_plan(plan, args.debug, width)
     print(report.wrap(render.summary(plan.findings), width))
     tune_render.print_tuned(tuned, width)
     report.print_warnings([audit.warning(t) for t in unfit], args.wide)
-    _say_why(args, plan, code, width)
+    if said := _next_step(args, plan, code):
+        print(report.wrap(said, width))
     return code
 
 
-def _say_why(args, plan, code: int, width: int | None) -> None:
+def _next_step(args, plan, code: int) -> str | None:
     """The reason for exit 1 of a read-only run (an error's reason is in the table), and
     the `patch` that applies what was judged: the same patches (--only, --allow-missing).
     Where only the ledger would change (its stale or lost entries, each said above), it
-    says so rather than "to apply": nothing would be patched."""
-    from sm120kit import followup, report
+    says so rather than "to apply": nothing would be patched. None for another exit."""
+    from sm120kit import followup
 
-    if code == ExitCode.FINDINGS:
-        chosen = [
-            w
-            for option in ("only", "allow_missing")
-            for v in getattr(args, option) or ()
-            for w in (f"--{option.replace('_', '-')}", v)
-        ]
-        run = f"run `{followup.command('patch', *chosen)}`"
-        said = f"{run} to apply" if plan.pending else f"only sm120kit's ledger: {run} to bring it up to date"
-        print(report.wrap(f"would change: {said}", width))
+    if code != ExitCode.FINDINGS:
+        return None
+    chosen = [
+        w
+        for option in ("only", "allow_missing")
+        for v in getattr(args, option) or ()
+        for w in (f"--{option.replace('_', '-')}", v)
+    ]
+    run = f"run `{followup.command('patch', *chosen)}`"
+    return (
+        f"would change: {run} to apply"
+        if plan.pending
+        else f"would change: only sm120kit's ledger: {run} to bring it up to date"
+    )
 
 
 def cmd_patch(args) -> int:
@@ -228,7 +234,12 @@ def cmd_patch(args) -> int:
         diffs = [c.diff() for c in plan.changes] if args.diff else []
         if args.json:
             report.emit_json(
-                render.plan_json("patch", plan, code, {"mode": "diff" if args.diff else "check", "diffs": diffs})
+                render.plan_json(
+                    "patch",
+                    plan,
+                    code,
+                    {"mode": "diff" if args.diff else "check", "diffs": diffs, "next": _next_step(args, plan, code)},
+                )
             )
             return code
         if args.diff:
@@ -270,7 +281,8 @@ def cmd_patch(args) -> int:
     render.print_plan(plan, args.debug, width)
     written = not (plan.errors or plan.blockers)
     print(report.wrap(render.summary(plan.findings) + ("" if written else "; nothing was written"), width))
-    _say_why(args, plan, code, width)
+    if said := _next_step(args, plan, code):
+        print(report.wrap(said, width))
     if args.verify:
         if problems:
             print("verify FAILED:\n  " + "\n  ".join(problems), file=sys.stderr)

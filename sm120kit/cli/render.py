@@ -262,7 +262,7 @@ def _systemd(args) -> int:
     # what `serve --dry-run` checks, in the unit's interpreter
     check_unit_environment(d, exe, args.sm120kit is not None, judge, report.print_warnings)
     if args.json:
-        report.emit_json({"target": "systemd", "unit": unit_name(d), "text": text})
+        report.emit_json({"target": "systemd", "unit": unit_name(d), "text": text}, follow_ups=False)
     else:
         print(text, end="")
     return ExitCode.OK
@@ -317,7 +317,7 @@ def _docker(args) -> int:
         doc["compose"] = compose(c)
         if written:
             doc["context"] = {"dir": str(written[0].parent), "files": [p.name for p in written]}
-        report.emit_json(doc)
+        report.emit_json(doc, follow_ups=False)
     elif written:
         where = written[0].parent
         print(f"wrote the build's context of {c.image} to {where}: {', '.join(p.name for p in written)}")
@@ -377,7 +377,7 @@ def _k8s(args) -> int:
     }
     docs = render_k8s(profile, target, args.image_python or "python3", args.image, args.namespace, **chosen)
     if args.json:  # a kubectl List: `kubectl apply -f` takes it as it is
-        report.emit_json({"apiVersion": "v1", "kind": "List", "items": docs})
+        report.emit_json({"apiVersion": "v1", "kind": "List", "items": docs}, follow_ups=False)
     else:
         print(to_yaml(docs), end="")
     return ExitCode.OK
