@@ -18,9 +18,6 @@ import ast
 import functools
 import importlib.util
 import os
-import signal
-import subprocess
-import sys
 import textwrap
 import time
 import types
@@ -32,6 +29,7 @@ import tiers
 from support import patch_cases
 from support.fast_tier import watch_fast_tier
 from support.http_server import http_served
+from support.inner_pytest import run_pytest
 from support.paths import ROOT
 
 TESTS = ROOT / "tests"
@@ -220,26 +218,9 @@ def test_a_fast_test_that_starts_a_process_out_of_the_tiers_sight_fails(tmp_path
         )
     )
     path = os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")])
-    # The summary's lines whole; on a hang, faulthandler prints where it is (SIGABRT below).
-    env = {**os.environ, "PYTHONPATH": path, "COLUMNS": "500", "PYTHONFAULTHANDLER": "1"}
-    argv = [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "conftest", "-p", "no:cacheprovider"]
-    with subprocess.Popen(
-        [*argv, "--rootdir", str(tmp_path), str(tmp_path / "test_hidden.py")],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # out of the reach of a signal to this run's process group
-    ) as inner:
-        try:
-            out, _ = inner.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            inner.send_signal(signal.SIGABRT)
-            out, _ = inner.communicate()
-            pytest.fail(f"the inner pytest run hung; it said:\n{out}")
-    assert inner.returncode == 1, out
+    args = ["-q", "-ra", "-p", "conftest", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "test_hidden.py"]
+    code, out = run_pytest(args, tmp_path, {"PYTHONPATH": path, "COLUMNS": "500"})  # the summary's lines whole
+    assert code == 1, out
     said = {line.split("::", 1)[1].split(" - ")[0]: line for line in out.splitlines() if "::test_hidden[" in line}
     for name in ("system", "posix_spawnp", "spawnv", "execv"):  # a failure, at the call or at teardown
         assert "this test is in the fast tier but" in said.get(f"test_hidden[{name}]", ""), out

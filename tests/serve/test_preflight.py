@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from support.inner_pytest import run_pytest
 from support.node import check_inputs as inputs
 from support.paths import ROOT
 from support.serve import VERSION, make_venv, profile, ps, said
@@ -637,10 +638,7 @@ def test_the_preflight_tests_give_the_same_results_with_a_foreign_sglang_process
     try:
         monkeypatch.delenv(procs.SCOPE, raising=False)  # as on a node: the scan sees the whole machine
         assert pid in {p.pid for p in procs.scan(sglang=True)}
-        argv = [
-            sys.executable,
-            "-m",
-            "pytest",
+        args = [
             "-q",
             "-p",
             "no:cacheprovider",
@@ -653,28 +651,9 @@ def test_the_preflight_tests_give_the_same_results_with_a_foreign_sglang_process
             "preflight",
             "tests/serve",
         ]
-        # os.environ, not this process's C environment: a library loaded here may have set COLUMNS=80
-        # there, and the output would be fitted to it. On a hang, faulthandler prints where it is
-        # (SIGABRT below).
-        env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
-        with subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # out of the reach of a signal to this run's process group
-        ) as inner:
-            try:
-                out, _ = inner.communicate(timeout=400)
-            except subprocess.TimeoutExpired:
-                inner.send_signal(signal.SIGABRT)
-                out, _ = inner.communicate()
-                pytest.fail(f"the inner pytest run hung; it said:\n{out[-8000:]}")
+        code, out = run_pytest(args, ROOT, timeout=400)
         summary = [line for line in out.splitlines() if re.search(r" in [0-9.]+s", line)][-1:]
-        assert inner.returncode == 0 and summary, out[-4000:]
+        assert code == 0 and summary, out[-4000:]
         assert " passed" in summary[0] and "failed" not in summary[0] and "error" not in summary[0], out[-4000:]
         assert psutil.Process(pid).cmdline()[:1] == ["sglang::scheduler_TP0"]  # --kill-stale left it alone
     finally:
