@@ -7,8 +7,8 @@ wherever the command named accepts them. Else `status --python ENV` would say "r
 A follow-up is written `sm120kit VERB ...` in backticks wherever it is made (the library
 does not know the command line it runs under); the renderers pass what they print through
 complete(), report.emit_json every string of a --json document, and command() spells one
-from words. Which options a verb takes, and where its
-profile goes, is read from the real parser, so a new option or command needs nothing here.
+from words. Which options a verb takes, and where its profile goes, is read from the real
+parser, so a new option or command needs nothing here.
 A leaf: it imports nothing of sm120kit's."""
 
 from __future__ import annotations
