@@ -229,6 +229,23 @@ def test_unpatch_after_pip_uninstall_forgets_the_stale_entries(uninstalled, cli)
     assert not state(uninstalled).exists()
 
 
+def test_verify_where_the_uninstalled_package_was_the_only_one_forgets_and_passes(site, cli):
+    """sglang alone, patched, then uninstalled: `patch --verify` forgets its stale entries and
+    has nothing left to prove (HEAD: exit 4, "the change was made ..., then this failed: none of
+    flashinfer-python, sglang is installed"); `status` then says nothing is here, as on a site
+    sm120kit never touched."""
+    install(site, "0.5.23", flashinfer=False)
+    assert cli("patch", "--site", site)[0] == 0
+    assert wheels.uninstall(site, "sglang")
+    code, out, err = cli("patch", "--verify", "--site", site, "--wide")
+    assert code == 0, out + err
+    assert "stale entries, with nothing to restore; forgotten" in out
+    assert "verified: nothing the patches change is installed here any more" in out
+    assert not (state(site) / "ledger.json").exists()
+    code, out, err = cli("status", "--site", site)
+    assert code == 2 and "none of flashinfer-python, sglang is installed" in err
+
+
 # -- 14: the patch cycle's words ------------------------------------------------------------------
 
 

@@ -252,7 +252,9 @@ def cmd_patch(args) -> int:
             target, patches, force=args.force, keep_jit_cache=args.keep_jit_cache, allow_missing=allowed_missing(args)
         )
         code = plan.exit_code(check=False)
-    problems = apply.verify(target, patches) if args.verify and code == ExitCode.OK else []
+    # nothing installed, only stale entries (now forgotten): nothing left to prove, and no error
+    verifiable = args.verify and code == ExitCode.OK and plan.installed
+    problems = apply.verify(target, patches) if verifiable else []
     tuned_notes: list[str] = []
     if args.verify and code == ExitCode.OK:
         from sm120kit.tune.installed import verify_tables
@@ -296,6 +298,10 @@ def cmd_patch(args) -> int:
 def _verified(plan) -> str:
     """The line of a green --verify: what was proven, naming the patches let go with
     --allow-missing (anchor-missing: not in place, and not said to be)."""
+    if not plan.installed:
+        return (
+            "verified: nothing the patches change is installed here any more, and the ledger's entries of it are gone"
+        )
     allowed = ", ".join(dict.fromkeys(f.patch.id for f in plan.findings if f.allowed))
     every = f"every patch but {allowed}" if allowed else "every patch"
     text = f"verified: {every} is in place, fixed upstream or not applicable, and matches the ledger"

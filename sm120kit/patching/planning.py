@@ -111,6 +111,7 @@ class Plan:
     unrestorable: list[str] = field(default_factory=list)
     stale: list[Stale] = field(default_factory=list)  # entries of packages not installed (in `drop` too)
     relearned: list[Relearned] = field(default_factory=list)
+    installed: int = 0  # packages of the patches that are installed (0: only stale entries are here)
 
     @property
     def errors(self) -> list[Finding]:
@@ -182,7 +183,6 @@ def plan(
     by_package: dict[str, list[Patch]] = defaultdict(list)
     for patch in patches:
         by_package[patch.package].append(patch)
-    installed = 0
     for package, group in by_package.items():
         dist = target.find(package)
         if dist is None:
@@ -191,9 +191,9 @@ def plan(
             ]
             _stale_entries(result, package, options)
             continue
-        installed += 1
+        result.installed += 1
         _plan_package(result, dist, group, options)
-    if patches and not installed and not result.stale:
+    if patches and not result.installed and not result.stale:
         names = sorted(by_package)
         missing = f"{names[0]} is not installed" if len(names) == 1 else f"none of {', '.join(names)} is installed"
         what = "nothing sm120kit patches is here" if len(names) > 1 else "nothing the chosen patches change is here"
