@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ast
 
-from sm120kit.patching.ast_tools import is_integer, is_string, one_per_line, walk
+from sm120kit.patching.ast_tools import compared, is_integer, is_string, one_per_line, walk
 from sm120kit.patching.cst_tools import carries, cst, find_functions, iter_nodes, marker_line
 from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten, WouldRewrite
 
@@ -88,14 +88,8 @@ def keep_sm12_off_trtllm(module, ctx):
 
 
 def _quick_major_at_least_10(code, test) -> bool:
-    return (
-        isinstance(test, ast.Compare)
-        and isinstance(test.left, ast.Attribute)
-        and test.left.attr == "device_sm_major"
-        and len(test.ops) == 1
-        and isinstance(test.ops[0], ast.GtE)
-        and is_integer(code, test.comparators[0], "10")
-    )
+    left, right = compared(test, ast.GtE) or (None, None)
+    return isinstance(left, ast.Attribute) and left.attr == "device_sm_major" and is_integer(code, right, "10")
 
 
 def _quick_returns_trtllm(code, branch) -> bool:

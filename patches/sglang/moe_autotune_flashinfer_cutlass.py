@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 
-from sm120kit.patching.ast_tools import is_string, walk
+from sm120kit.patching.ast_tools import compared, is_name, is_string, walk
 from sm120kit.patching.cst_tools import cst, find_functions, iter_nodes, marker_line
 from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten, WouldRewrite
 
@@ -77,14 +77,8 @@ def widen_autotune_gate(module: cst.Module, ctx):
 
 
 def _quick_is_gate_test(node) -> bool:
-    return (
-        isinstance(node, ast.Compare)
-        and isinstance(node.left, ast.Name)
-        and node.left.id == "backend_str"
-        and len(node.ops) == 1
-        and isinstance(node.ops[0], ast.NotIn)
-        and isinstance(node.comparators[0], ast.List)
-    )
+    left, right = compared(node, ast.NotIn) or (None, None)
+    return is_name(left, "backend_str") and isinstance(right, ast.List)
 
 
 def _quick_is_patched_test(code, node) -> bool:

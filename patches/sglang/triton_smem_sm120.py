@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 
 from sm120kit.patching import ast_tools
-from sm120kit.patching.ast_tools import Undecided, is_integer, one_per_line, starts_block, walk
+from sm120kit.patching.ast_tools import Undecided, compared, is_integer, is_name, one_per_line, starts_block, walk
 from sm120kit.patching.cst_tools import carries, compares_to, cst, find_functions, insert_after, iter_nodes, marker_line
 from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten, WouldRewrite
 
@@ -149,15 +149,8 @@ def quick_limit_context_attention_block(code, ctx):
 
 
 def _quick_is_none_test(node, name: str) -> bool:
-    return (
-        isinstance(node, ast.Compare)
-        and isinstance(node.left, ast.Name)
-        and node.left.id == name
-        and len(node.ops) == 1
-        and isinstance(node.ops[0], ast.Is)
-        and isinstance(node.comparators[0], ast.Constant)
-        and node.comparators[0].value is None
-    )
+    left, right = compared(node, ast.Is) or (None, None)
+    return is_name(left, name) and isinstance(right, ast.Constant) and right.value is None
 
 
 def quick_limit_fp8_moe_default(code, ctx):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ast
 
-from sm120kit.patching.ast_tools import Undecided, is_string, starts_block, walk
+from sm120kit.patching.ast_tools import Undecided, compared, is_name, is_string, starts_block, walk
 from sm120kit.patching.cst_tools import carries, cst, find_functions, has_string, iter_nodes, marker_line
 from sm120kit.patching.spec import AlreadyApplied, AnchorMissing, FixedUpstream, Patch, Rewrite, Rewritten, WouldRewrite
 
@@ -115,14 +115,8 @@ def keep_model_dtype_kv(module, ctx):
 
 
 def _quick_compares_to_string(code, node, name: str, value: str) -> bool:
-    return (
-        isinstance(node, ast.Compare)
-        and isinstance(node.left, ast.Name)
-        and node.left.id == name
-        and len(node.ops) == 1
-        and isinstance(node.ops[0], ast.Eq)
-        and is_string(code, node.comparators[0], value)
-    )
+    left, right = compared(node, ast.Eq) or (None, None)
+    return is_name(left, name) and is_string(code, right, value)
 
 
 def _quick_is_fp8_algo_test(code, node) -> bool:

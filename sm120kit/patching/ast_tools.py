@@ -205,6 +205,18 @@ def assigned(stmt: ast.AST, name: str) -> ast.expr | None:
     return None
 
 
+def compared(node: ast.AST, op: type[ast.cmpop]) -> tuple[ast.expr, ast.expr] | None:
+    """(left, right) of `left OP right`, one operator of type `op` (libcst: a Comparison with
+    one ComparisonTarget), else None."""
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], op):
+        return node.left, node.comparators[0]
+    return None
+
+
+def is_name(node: ast.AST | None, name: str) -> bool:
+    return isinstance(node, ast.Name) and node.id == name
+
+
 def callee_name(call: ast.Call) -> str | None:
     """`f` for `f(...)` and `x.f(...)` (cst_tools.callee_name)."""
     func = call.func
