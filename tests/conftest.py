@@ -25,13 +25,14 @@ import tiers
 from support.cli import Cli
 from support.fast_tier import watch_fast_tier
 from support.paths import ROOT
-from support.process_scope import scope_to_this_run
+from support.process_scope import scope_to_this_run, take_interrupts
 
 sys.path.insert(0, str(ROOT / "scripts"))  # the scripts the tests run in-process (conformance)
 
 # The host's processes are not the tests' business: scans see only this test run's
 # descendants, and the orphans its servers leave are re-parented to it (not to PID 1).
 scope_to_this_run()
+take_interrupts()  # Ctrl-C reaches the children, however this run was started
 
 
 @pytest.fixture(scope="session")
